@@ -1,0 +1,37 @@
+"""mmaemit: warp-level tensor-core building blocks for hand-written TIR kernels on apache-tvm 0.27.
+
+Public API (imported lazily, so ``import mmaemit`` does not load TVM until you use something that needs it):
+
+* ``TensorCoreIntrinEmitter`` - ldmatrix / mma.sync / stmatrix sequences for a warp tile (``mmaemit.emitters``)
+* ``make_mma_swizzle_layout`` - bank-conflict-free shared-memory swizzles (``mmaemit.layouts``)
+* ``compile`` / ``Kernel`` - build a PrimFunc for an arch, call it on torch tensors, read its SASS (``mmaemit.runtime``)
+* ``isa`` - the instruction table every check reads
+"""
+from __future__ import annotations
+
+import importlib
+
+from . import isa
+from .arch import Arch, as_arch
+from .errors import ArchError, ArgumentError, MmaemitError, TileShapeError, UnsupportedConfigError
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "TensorCoreIntrinEmitter": "mmaemit.emitters",
+    "make_mma_swizzle_layout": "mmaemit.layouts",
+    "compile": "mmaemit.runtime",
+    "Kernel": "mmaemit.runtime",
+    "interpret": "mmaemit.interpret",
+}
+
+__all__ = ["isa", "Arch", "as_arch", "MmaemitError", "ArchError", "ArgumentError", "TileShapeError",
+           "UnsupportedConfigError", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mmaemit' has no attribute {name!r}")

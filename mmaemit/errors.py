@@ -1,0 +1,26 @@
+"""Typed errors. Every error names the valid choices so the user can fix the call without reading our source."""
+
+
+class MmaemitError(ValueError):
+    """Base class of every error mmaemit raises for bad user input."""
+
+
+class UnsupportedConfigError(MmaemitError):
+    """A dtype / shape / layout combination that no instruction in the table implements."""
+
+
+class ArchError(MmaemitError):
+    """The target architecture lacks an instruction the configuration needs."""
+
+
+class TileShapeError(MmaemitError):
+    """A tile or problem size that is not a multiple of what the instruction or tile needs."""
+
+
+class ArgumentError(MmaemitError):
+    """A kernel argument that does not match the compiled signature (device, dtype, shape, contiguity)."""
+
+
+def choices(values) -> str:
+    """Render valid choices for an error message, sorted and quoted."""
+    return ", ".join(repr(v) for v in sorted(set(values), key=str))

@@ -1,0 +1,260 @@
+"""The instruction table: every tensor-core and matrix-move instruction mmaemit emits, as data.
+
+Validation, the emitters, the docs (``python -m mmaemit table``) and the tests all read these tables; nothing else
+in the package hard-codes an instruction shape, a dtype combination or a minimum arch.
+
+Facts (PTX ISA 9.x, "Warp-level matrix multiply-accumulate instructions" and "ldmatrix"/"stmatrix"; ptxas 13.0):
+
+* ``mma.sync.aligned.m16n8k{8,16}`` f16/bf16, ``m16n8k8`` tf32, ``m16n8k{16,32}`` s8/u8 and ``m16n8k{32,64}`` s4/u4
+  exist from sm_80. e4m3/e5m2 ``m16n8k32`` needs sm_89.
+* On sm_90 ptxas *emulates* e4m3/e5m2 and s4/u4 mma.sync (F2FP unpack + HMMA, or LOP3/SHF sign extension + IMMA):
+  they assemble but run on a slow path. ``emulated_on`` records it; the emitter warns (Hopper's fast path is wgmma).
+* Only integer MMAs take ``.satfinite`` (clamp the s32 result instead of wrapping).
+* ``ldmatrix`` exists from sm_75, ``stmatrix`` from sm_90. Both move 8x8 matrices of b16 elements.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from . import dtypes as _dt
+from .arch import Arch, as_arch
+from .errors import ArchError, UnsupportedConfigError, choices
+
+__all__ = [
+    "MmaInstr", "MatrixMoveInstr", "Feature", "MMA_TABLE", "MATRIX_MOVE_TABLE", "FEATURES",
+    "find_mma", "select_mma", "matrix_move", "require_feature", "check_mma_arch",
+]
+
+
+@dataclass(frozen=True)
+class MmaInstr:
+    """One ``mma.sync.aligned.mMnNkK.row.col`` variant. Dtypes are canonical TVM names; ``a_ptx`` etc. the PTX tokens.
+
+    Register counts are 32-bit registers per lane: A holds M*K, B holds K*N, C/D hold M*N elements over 32 lanes.
+    """
+
+    m: int
+    n: int
+    k: int
+    a_dtype: str
+    b_dtype: str
+    accum_dtype: str
+    min_arch: str
+    emulated_on: tuple = ()
+    note: str = ""
+    a_ptx: str = field(default="")
+    b_ptx: str = field(default="")
+
+    def __post_init__(self):
+        # float32 operands run as tf32: the PTX token differs from the storage dtype
+        def tok(d):
+            return "tf32" if d == "float32" else _dt.ptx_type(d)
+
+        if not self.a_ptx:
+            object.__setattr__(self, "a_ptx", tok(self.a_dtype))
+        if not self.b_ptx:
+            object.__setattr__(self, "b_ptx", tok(self.b_dtype))
+
+    @property
+    def shape(self) -> tuple:
+        return (self.m, self.n, self.k)
+
+    @property
+    def shape_name(self) -> str:
+        return f"m{self.m}n{self.n}k{self.k}"
+
+    @property
+    def is_integer(self) -> bool:
+        return self.accum_dtype == "int32"
+
+    @property
+    def accum_ptx(self) -> str:
+        return _dt.ptx_type(self.accum_dtype)
+
+    @property
+    def operand_bits(self) -> int:
+        return _dt.bits(self.a_dtype)
+
+    @property
+    def a_regs(self) -> int:
+        return self.m * self.k * self.operand_bits // (32 * 32)
+
+    @property
+    def b_regs(self) -> int:
+        return self.k * self.n * self.operand_bits // (32 * 32)
+
+    @property
+    def c_regs(self) -> int:
+        return self.m * self.n * _dt.bits(self.accum_dtype) // (32 * 32)
+
+    @property
+    def c_elems(self) -> int:
+        """Accumulator elements per lane (f16 accumulators pack two per register)."""
+        return self.m * self.n // 32
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def ptx(self, satfinite: bool = False) -> str:
+        """The exact PTX mnemonic, e.g. ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``."""
+        if satfinite and not self.is_integer:
+            raise UnsupportedConfigError(".satfinite exists only for integer mma (s32 accumulators)")
+        sat = ".satfinite" if satfinite else ""
+        return (f"mma.sync.aligned.{self.shape_name}.row.col{sat}."
+                f"{self.accum_ptx}.{self.a_ptx}.{self.b_ptx}.{self.accum_ptx}")
+
+    def describe(self) -> str:
+        return f"{self.shape_name} {self.a_dtype} x {self.b_dtype} -> {self.accum_dtype} (>= {self.min_arch})"
+
+
+def _mma_table():
+    t = []
+    for d in ("float16", "bfloat16"):
+        accs = ("float32", "float16") if d == "float16" else ("float32",)
+        for acc, k in itertools.product(accs, (16, 8)):
+            t.append(MmaInstr(16, 8, k, d, d, acc, "sm_80"))
+    t.append(MmaInstr(16, 8, 8, "float32", "float32", "float32", "sm_80",
+                      note="tf32: float32 inputs are rounded with cvt.rna.tf32.f32 before the mma"))
+    for a, b in itertools.product(("int8", "uint8"), repeat=2):
+        for k in (32, 16):
+            t.append(MmaInstr(16, 8, k, a, b, "int32", "sm_80"))
+    for a, b in itertools.product(("float8_e4m3fn", "float8_e5m2"), repeat=2):
+        for acc in ("float32", "float16"):
+            t.append(MmaInstr(16, 8, 32, a, b, acc, "sm_89", emulated_on=("sm_90", "sm_90a"),
+                              note="emulated by ptxas on sm_90 (F2FP unpack + HMMA); use wgmma on Hopper"))
+    for a, b in itertools.product(("int4", "uint4"), repeat=2):
+        for k in (64, 32):
+            t.append(MmaInstr(16, 8, k, a, b, "int32", "sm_80", emulated_on=("sm_90", "sm_90a"),
+                              note="emulated by ptxas on sm_90 (sign extension + IMMA.16832)"))
+    return tuple(t)
+
+
+#: Every mma.sync variant mmaemit emits. Order: preferred (largest K) first within a dtype combination.
+MMA_TABLE: tuple = _mma_table()
+
+
+@dataclass(frozen=True)
+class MatrixMoveInstr:
+    """``ldmatrix`` / ``stmatrix`` ``.sync.aligned.m8n8.x{num}[.trans].shared.b16``: ``num`` 8x8 b16 matrices."""
+
+    op: str
+    num: int
+    trans: bool
+    min_arch: str
+
+    @property
+    def regs(self) -> int:
+        return self.num
+
+    def ptx(self) -> str:
+        return f"{self.op}.sync.aligned.m8n8.x{self.num}{'.trans' if self.trans else ''}.shared.b16"
+
+
+MATRIX_MOVE_TABLE: tuple = tuple(
+    MatrixMoveInstr(op, num, trans, "sm_75" if op == "ldmatrix" else "sm_90")
+    for op in ("ldmatrix", "stmatrix") for num in (1, 2, 4) for trans in (False, True)
+)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A non-mma instruction with an arch gate (what ptxas would otherwise reject late)."""
+
+    name: str
+    ptx: str
+    min_arch: str
+    note: str = ""
+
+
+FEATURES = {f.name: f for f in (
+    Feature("cp.async", "cp.async.cg.shared.global", "sm_80"),
+    Feature("ldmatrix", "ldmatrix.sync.aligned.m8n8", "sm_75"),
+    Feature("stmatrix", "stmatrix.sync.aligned.m8n8", "sm_90"),
+    Feature("cvt.e4m3x2", "cvt.rn.f16x2.e4m3x2", "sm_89"),
+    Feature("cvt.e5m2x2", "cvt.rn.f16x2.e5m2x2", "sm_89"),
+    Feature("cvt.e2m1x2", "cvt.rn.f16x2.e2m1x2", "sm_100a"),
+    Feature("add.bf16x2", "add.bf16x2 / sub.bf16x2 / mul.bf16x2", "sm_90",
+            note="on sm_80-89 use fma.rn.bf16x2 with 1.0"),
+    Feature("fence.proxy.async", "fence.proxy.async.shared::cta", "sm_90"),
+    Feature("wgmma", "wgmma.mma_async.sync.aligned", "sm_90a"),
+    Feature("setmaxnreg", "setmaxnreg", "sm_90a"),
+)}
+
+
+def find_mma(a_dtype=None, b_dtype=None, accum_dtype=None, k=None):
+    """All table entries matching the given (canonicalised) fields; None matches anything."""
+    want = {
+        "a_dtype": _dt.canonical(a_dtype) if a_dtype is not None else None,
+        "b_dtype": _dt.canonical(b_dtype) if b_dtype is not None else None,
+        "accum_dtype": _dt.canonical(accum_dtype) if accum_dtype is not None else None,
+        "k": k,
+    }
+    return [e for e in MMA_TABLE if all(v is None or getattr(e, f) == v for f, v in want.items())]
+
+
+def _combo(e):
+    return f"{e.a_dtype} x {e.b_dtype} -> {e.accum_dtype}"
+
+
+def select_mma(a_dtype, b_dtype, accum_dtype, k=None, arch=None) -> MmaInstr:
+    """The instruction for a dtype combination (the largest K unless ``k`` is given), checked against ``arch``.
+
+    Raises ``UnsupportedConfigError`` naming the valid combinations, or ``ArchError`` naming the archs that have it.
+    """
+    hits = find_mma(a_dtype, b_dtype, accum_dtype)
+    if not hits:
+        raise UnsupportedConfigError(
+            f"no mma.sync instruction for {_dt.canonical(a_dtype)} x {_dt.canonical(b_dtype)} -> "
+            f"{_dt.canonical(accum_dtype)}; valid combinations: {choices(_combo(e) for e in MMA_TABLE)}")
+    if k is not None:
+        exact = [e for e in hits if e.k == k]
+        if not exact:
+            raise UnsupportedConfigError(
+                f"{_combo(hits[0])} has no k={k} mma.sync; valid k: {choices(e.k for e in hits)}")
+        hits = exact
+    instr = hits[0]
+    if arch is not None:
+        check_mma_arch(instr, arch)
+    return instr
+
+
+def check_mma_arch(instr: MmaInstr, arch) -> None:
+    a = as_arch(arch)
+    if not a.satisfies(instr.min_arch):
+        raise ArchError(f"{instr.ptx()} needs {instr.min_arch} or newer; target is {a.name}")
+
+
+def matrix_move(op: str, num: int, trans: bool = False, arch=None) -> MatrixMoveInstr:
+    """The ldmatrix/stmatrix entry for ``op`` x``num`` [.trans], checked against ``arch``."""
+    hits = [e for e in MATRIX_MOVE_TABLE if e.op == op and e.num == num and e.trans == trans]
+    if not hits:
+        raise UnsupportedConfigError(
+            f"no {op}.x{num}; valid: {choices(e.ptx() for e in MATRIX_MOVE_TABLE)}")
+    if arch is not None:
+        a = as_arch(arch)
+        if not a.satisfies(hits[0].min_arch):
+            raise ArchError(f"{hits[0].ptx()} needs {hits[0].min_arch} or newer; target is {a.name}"
+                            + ("; use the vectorized-store epilogue below sm_90" if op == "stmatrix" else ""))
+    return hits[0]
+
+
+def require_feature(name: str, arch) -> Feature:
+    """Raise ``ArchError`` unless ``arch`` has the feature ``name`` (a key of ``FEATURES``)."""
+    if name not in FEATURES:
+        raise UnsupportedConfigError(f"unknown feature {name!r}; valid: {choices(FEATURES)}")
+    f = FEATURES[name]
+    a = as_arch(arch)
+    if not a.satisfies(f.min_arch):
+        raise ArchError(f"{f.ptx} needs {f.min_arch} or newer; target is {a.name}" + (f" ({f.note})" if f.note else ""))
+    return f
+
+
+def markdown_table() -> str:
+    """The mma table as Markdown (docs are generated from the data, never written by hand)."""
+    rows = ["| shape | A | B | accumulate | PTX | min arch | regs A/B/C | notes |", "|---|---|---|---|---|---|---|---|"]
+    for e in MMA_TABLE:
+        rows.append(f"| {e.shape_name} | {e.a_dtype} | {e.b_dtype} | {e.accum_dtype} | `{e.ptx()}` | {e.min_arch} | "
+                    f"{e.a_regs}/{e.b_regs}/{e.c_regs} | {e.note} |")
+    return "\n".join(rows)

@@ -1,0 +1,22 @@
+import os
+
+import pytest
+
+os.environ.setdefault("TVM_BACKTRACE", "1")
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
