@@ -24,3 +24,7 @@ class ArgumentError(MmaemitError):
 def choices(values) -> str:
     """Render valid choices for an error message, sorted and quoted."""
     return ", ".join(repr(v) for v in sorted(set(values), key=str))
+
+
+class LayoutError(MmaemitError):
+    """A layout map failed its own proof (not a bijection, inverse mismatch) or got coordinates outside its tile."""
