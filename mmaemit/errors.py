@@ -23,7 +23,9 @@ class ArgumentError(MmaemitError):
 
 def choices(values) -> str:
     """Render valid choices for an error message, sorted and quoted."""
-    return ", ".join(repr(v) for v in sorted(set(values), key=str))
+    vals = set(values)
+    key = (lambda v: v) if all(isinstance(v, (int, float)) for v in vals) else str
+    return ", ".join(repr(v) for v in sorted(vals, key=key))
 
 
 class LayoutError(MmaemitError):

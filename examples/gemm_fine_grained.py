@@ -1,0 +1,209 @@
+"""A fine-grained GEMM composed by hand from mmaemit's building blocks: C[M, N] = A @ B.
+
+Pipeline per CTA (one ``block_m x block_n`` tile of C):
+
+1. ``stages``-deep ``cp.async`` ring: every thread copies 16-byte chunks of the next A and B tiles from global into
+   swizzled shared memory (``make_mma_swizzle_layout``), one commit group per K tile.
+2. Inner loop per K tile: ``emitter.ldmatrix_a`` / ``ldmatrix_b`` (ldmatrix, .trans where the operand is
+   M/N-contiguous) and ``emitter.mma`` (mma.sync m16n8k16) for each of the ``chunk // 16`` K steps.
+3. Epilogue: ``emitter.stmatrix`` into a swizzled shared C tile (PTX stmatrix on sm_90+, vector stores below), then
+   coalesced 16-byte stores to global. ``epilogue="global"`` stores the accumulators straight to global instead.
+
+Layouts: ``trans_a=False`` means A is [M, K], ``True`` [K, M]; ``trans_b=False`` means B is [K, N], ``True`` [N, K].
+NN/NT/TN/TT name (trans_a, trans_b). M, N, K must be multiples of the block tile.
+
+    python -m examples.gemm_fine_grained --m 4096 --n 4096 --k 4096     # needs a GPU
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mmaemit import TensorCoreIntrinEmitter, make_mma_swizzle_layout
+from mmaemit.dtypes import bits, canonical
+from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
+from mmaemit.layouts.raster import panel_swizzle
+
+LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False), "TT": (True, True)}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """The tile configuration (what an autotuner varies)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 32
+    warp_m: int = 64
+    warp_n: int = 64
+    stages: int = 3
+    epilogue: str = "shared"  # "shared" (stmatrix + coalesced stores) or "global" (vector stores from registers)
+    panel: int = 8            # CTA rasterization: tile-rows per panel for L2 reuse (1 = row-major launch order)
+
+
+def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype="float32", trans_a=False, trans_b=False,
+              config: GemmConfig = GemmConfig(), arch=None):
+    """Build the GEMM PrimFunc ``gemm(A, B, C)`` for fixed M, N, K. Returns (prim_func, emitter)."""
+    from tvm.script import tirx as T
+
+    dtype = canonical(dtype)
+    out_dtype = canonical(out_dtype or dtype)
+    cfg = config
+    for name, size, tile in (("M", M, cfg.block_m), ("N", N, cfg.block_n), ("K", K, cfg.block_k)):
+        if size <= 0 or size % tile:
+            raise TileShapeError(f"{name}={size} is not a positive multiple of the block tile {tile}; pad it or "
+                                 f"choose a config whose block divides it")
+    if cfg.stages < 2:
+        raise UnsupportedConfigError(f"stages must be >= 2, not {cfg.stages}")
+    if cfg.epilogue not in ("shared", "global"):
+        raise UnsupportedConfigError(f"epilogue must be one of {choices(['shared', 'global'])}")
+    em = TensorCoreIntrinEmitter(dtype, dtype, accum_dtype, a_transposed=trans_a, b_transposed=trans_b,
+                                 block_row_warps=cfg.block_m // cfg.warp_m, block_col_warps=cfg.block_n // cfg.warp_n,
+                                 warp_row_tiles=cfg.warp_m, warp_col_tiles=cfg.warp_n, chunk=cfg.block_k, arch=arch)
+    BM, BN, S, THREADS, NW = em.block_m, em.block_n, cfg.stages, em.threads, em.num_warps
+    KT = K // cfg.block_k
+    a_tile, b_tile = em.a_shared_shape, em.b_shared_shape
+    swz_a = make_mma_swizzle_layout((S, *a_tile), dtype)
+    swz_b = make_mma_swizzle_layout((S, *b_tile), dtype)
+    swz_c = make_mma_swizzle_layout((BM, BN), out_dtype)
+    EPC = 128 // bits(dtype)                       # elements per 16-byte chunk
+    A_CPR, B_CPR = a_tile[1] // EPC, b_tile[1] // EPC  # chunks per shared row
+    A_ITERS, B_ITERS = a_tile[0] * A_CPR // THREADS, b_tile[0] * B_CPR // THREADS
+    C_EPC = 128 // bits(out_dtype)
+    C_CPR = BN // C_EPC
+    C_ITERS = BM * C_CPR // THREADS
+    if A_ITERS * THREADS != a_tile[0] * A_CPR or B_ITERS * THREADS != b_tile[0] * B_CPR \
+            or C_ITERS * THREADS != BM * C_CPR:
+        raise TileShapeError(f"tiles {a_tile}/{b_tile} do not split evenly into 16-byte chunks over {THREADS} threads")
+    a_shape = (K, M) if trans_a else (M, K)
+    b_shape = (N, K) if trans_b else (K, N)
+    use_smem_epilogue = cfg.epilogue == "shared"
+    GM, GN = M // BM, N // BN
+
+    @T.prim_func
+    def gemm(A: T.Buffer(a_shape, dtype), B: T.Buffer(b_shape, dtype), C: T.Buffer((M, N), out_dtype)):
+        T.device_entry()
+        pid = T.cta_id([GM * GN])
+        bm = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[0])
+        bn = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[1])
+        warp = T.warp_id([NW])
+        lane = T.lane_id([32])
+        tid = T.meta_var(warp * 32 + lane)
+        pool = T.SMEMPool()
+        As = pool.alloc((S, *a_tile), dtype, align=1024)
+        Bs = pool.alloc((S, *b_tile), dtype, align=1024)
+        pool.move_base_to(0)  # the C staging tile reuses the pipeline's memory once the main loop is done
+        Cs = pool.alloc((BM, BN), out_dtype, align=1024)
+        pool.commit()
+        A_frag, B_frag, C_frag = em.alloc_fragments()
+        em.fill_accumulators(C_frag)
+
+        @T.inline
+        def load_tiles(stage, kt):
+            # 16-byte cp.async chunks; tile rows follow the operand's storage major
+            for t in T.unroll(A_ITERS):
+                q = T.meta_var(tid + t * THREADS)
+                r = T.meta_var(q // A_CPR)
+                c = T.meta_var(q % A_CPR * EPC)
+                if trans_a:
+                    T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz_a(stage, r, c)),
+                                                       A.ptr_to([kt * a_tile[0] + r, bm * BM + c]), 16)
+                else:
+                    T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz_a(stage, r, c)),
+                                                       A.ptr_to([bm * BM + r, kt * a_tile[1] + c]), 16)
+            for t in T.unroll(B_ITERS):
+                q = T.meta_var(tid + t * THREADS)
+                r = T.meta_var(q // B_CPR)
+                c = T.meta_var(q % B_CPR * EPC)
+                if trans_b:
+                    T.ptx["cp.async.cg.shared.global"](Bs.ptr_to(swz_b(stage, r, c)),
+                                                       B.ptr_to([bn * BN + r, kt * b_tile[1] + c]), 16)
+                else:
+                    T.ptx["cp.async.cg.shared.global"](Bs.ptr_to(swz_b(stage, r, c)),
+                                                       B.ptr_to([kt * b_tile[0] + r, bn * BN + c]), 16)
+
+        for s in T.unroll(S - 1):
+            if s < KT:
+                load_tiles(s, s)
+            T.ptx["cp.async.commit_group"]()
+        for ko in T.serial(KT):
+            # tile ko has landed once at most S-2 younger groups are pending; the barrier also tells every warp
+            # that the stage about to be overwritten ((ko - 1) % S) is no longer read
+            T.ptx["cp.async.wait_group"](S - 2)
+            T.cuda.cta_sync()
+            if ko + S - 1 < KT:
+                load_tiles((ko + S - 1) % S, ko + S - 1)
+            T.ptx["cp.async.commit_group"]()  # unconditional: keeps the group count uniform
+            for ki in T.unroll(em.k_steps):
+                em.ldmatrix_a(A_frag, As[ko % S, 0:a_tile[0], 0:a_tile[1]], ki, warp=warp, lane=lane, layout=swz_a)
+                em.ldmatrix_b(B_frag, Bs[ko % S, 0:b_tile[0], 0:b_tile[1]], ki, warp=warp, lane=lane, layout=swz_b)
+                em.mma(A_frag, B_frag, C_frag)
+        T.ptx["cp.async.wait_group"](0)
+        if use_smem_epilogue:
+            T.cuda.cta_sync()  # every warp is done reading the A/B stages that Cs overlays
+            em.stmatrix(C_frag, Cs, warp=warp, lane=lane, layout=swz_c)
+            T.cuda.cta_sync()
+            for t in T.unroll(C_ITERS):
+                q = T.meta_var(tid + t * THREADS)
+                r = T.meta_var(q // C_CPR)
+                c = T.meta_var(q % C_CPR * C_EPC)
+                v = T.alloc_local((4,), "uint32")
+                T.ptx["ld.shared.v4.b32"](v[0], v[1], v[2], v[3], Cs.ptr_to(swz_c(r, c)))
+                T.ptx["st.global.v4.b32"](C.ptr_to([bm * BM + r, bn * BN + c]), v[0], v[1], v[2], v[3])
+        else:
+            em.stmatrix(C_frag, C, warp=warp, lane=lane, block_row=bm, block_col=bn)
+
+    return gemm, em
+
+
+def reference(A, B, trans_a=False, trans_b=False):
+    """float32 torch reference of the GEMM (inputs upcast)."""
+    a = A.float().T if trans_a else A.float()
+    b = B.float().T if trans_b else B.float()
+    return a @ b
+
+
+def random_inputs(M, N, K, dtype="float16", trans_a=False, trans_b=False, device="cuda", seed=None):
+    """Random A, B in their storage layouts (normal, scaled so that C has unit-order magnitude)."""
+    import torch
+
+    from mmaemit.dtypes import torch_dtype
+
+    g = torch.Generator(device=device)
+    if seed is not None:
+        g.manual_seed(seed)
+    td = torch_dtype(dtype)
+    a_shape = (K, M) if trans_a else (M, K)
+    b_shape = (N, K) if trans_b else (K, N)
+    A = (torch.randn(a_shape, generator=g, device=device) / K ** 0.25).to(td)
+    B = (torch.randn(b_shape, generator=g, device=device) / K ** 0.25).to(td)
+    return A, B
+
+
+def main(argv=None):
+    import argparse
+
+    import torch
+
+    import mmaemit
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--m", type=int, default=4096)
+    p.add_argument("--n", type=int, default=4096)
+    p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    p.add_argument("--layout", default="NN", choices=sorted(LAYOUTS))
+    args = p.parse_args(argv)
+    ta, tb = LAYOUTS[args.layout]
+    func, _ = make_gemm(args.m, args.n, args.k, args.dtype, trans_a=ta, trans_b=tb)
+    kernel = mmaemit.compile(func)
+    A, B = random_inputs(args.m, args.n, args.k, args.dtype, ta, tb)
+    C = torch.full((args.m, args.n), float("nan"), dtype=A.dtype, device="cuda")
+    kernel(A, B, C)
+    ref = reference(A, B, ta, tb)
+    rel = ((C.float() - ref).norm() / ref.norm()).item()
+    print(f"relative error {rel:.2e}")
+    return 0 if rel < 1e-2 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
