@@ -46,3 +46,36 @@ def split_region(operand):
 
 def scope_of(buf) -> str:
     return buf.scope() if callable(getattr(buf, "scope", None)) else str(buf.scope)
+
+
+def store(buf, value, index) -> None:
+    """Append ``buf[index] = value``."""
+    IRB.buffer_store(buf, value, list(index))
+
+
+def cast(dtype: str, value):
+    from tvm.script import tirx as T
+
+    return T.Cast(dtype, value)
+
+
+class only_if:
+    """``with only_if(cond):`` wraps the statements emitted inside in ``if cond`` (no-op for ``cond=None``)."""
+
+    def __init__(self, cond):
+        self.cond = cond
+        self._frames = []
+
+    def __enter__(self):
+        if self.cond is not None:
+            f = IRB.If(self.cond)
+            f.__enter__()
+            t = IRB.Then()
+            t.__enter__()
+            self._frames = [f, t]
+        return self
+
+    def __exit__(self, *exc):
+        for f in reversed(self._frames):
+            f.__exit__(*exc)
+        return False

@@ -141,7 +141,6 @@ class TensorCoreIntrinEmitter:
 
     def fill_accumulators(self, C_frag, value=0):
         """Set every accumulator to ``value`` (0 by default)."""
-        from tvm.tirx.script.builder import ir as IRB
         from tvm.script import tirx as T
 
         if value != 0 and self.c_fragment_dtype != "float32":
@@ -150,7 +149,7 @@ class TensorCoreIntrinEmitter:
         for i in range(self.warp_rows):
             for j in range(self.warp_cols):
                 for r in range(self.local_size_c):
-                    IRB.buffer_store(C_frag, v, [i, j, r])
+                    _ir.store(C_frag, v, (i, j, r))
 
     # ---- shared -> registers -------------------------------------------------------------------------------
     def _ldmatrix(self, plan, frag, slot, operand, row0, col0, lane, layout):
@@ -265,14 +264,17 @@ class TensorCoreIntrinEmitter:
             _ir.emit(_ir.ptx(cvt)(tmp[0], x1, x0))
             _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, tmp[0]))
 
-    def stmatrix(self, C_frag, C_buf, *, warp, lane, layout=None, block_row=0, block_col=0, use_stmatrix=None):
+    def stmatrix(self, C_frag, C_buf, *, warp, lane, layout=None, block_row=0, block_col=0, use_stmatrix=None,
+                 transpose=False):
         """Store this warp's accumulators to ``C_buf`` (shared or global), converting to ``C_buf``'s dtype.
 
-        Shared, 16-bit output, sm_90+ (``arch`` given): PTX ``stmatrix.sync.aligned.m8n8.x{2,4}.shared.b16``
+        Shared, 16-bit output, sm_90+ (``arch`` given): PTX ``stmatrix.sync.aligned.m8n8.x{2,4}[.trans].shared.b16``
         (``use_stmatrix=False`` forces plain stores). Otherwise one 2-element vector store per accumulator pair
-        (``st.{shared,global}.v2.f32`` / ``.b32``). ``C_buf`` may be a region; ``block_row``/``block_col`` add
-        ``block_m``/``block_n`` multiples (the CTA's tile) to the row/col origin. Output dtypes: float32 accumulators
-        -> float32/float16/bfloat16; float16 -> float16/float32; int32 -> int32.
+        (``st.{shared,global}.v2.f32`` / ``.b32``), or element stores when transposed. ``transpose=True`` stores
+        C^T: element (m, n) goes to ``C_buf[n, m]`` (``.trans``). ``C_buf`` may be a region; ``block_row`` /
+        ``block_col`` add ``block_m`` / ``block_n`` multiples (the CTA's tile) to the (m, n) origin. With
+        ``reduce_k > 1`` only the ``warp_k == 0`` group stores (call ``reduce_accumulators`` first). Output dtypes:
+        float32 accumulators -> float32/float16/bfloat16; float16 -> float16/float32; int32 -> int32.
         """
         buf, lead, r_off, c_off = _ir.split_region(C_buf)
         out = _dt.canonical(buf.dtype)
@@ -289,29 +291,39 @@ class TensorCoreIntrinEmitter:
             isa.matrix_move("stmatrix", 4, arch=self.arch or "sm_80")  # raises the arch error if that is the cause
             raise UnsupportedConfigError("PTX stmatrix needs a shared destination of a 16-bit dtype "
                                          f"(got {out} in {scope!r})")
-        wm, wn, _ = self.warp_coords(warp)
-        row_base = r_off + block_row * self.block_m + wm * self.warp_row_tiles
-        col_base = c_off + block_col * self.block_n + wn * self.warp_col_tiles
-        if can_ptx and use_stmatrix is not False:
-            self._stmatrix_ptx(C_frag, buf, lead, row_base, col_base, lane, layout, out)
-            return
-        lay = self.c_layout
-        per = lay.elems_per_reg
-        for i in range(self.warp_rows):
-            for j in range(self.warp_cols):
-                for h in range(self.n_tile // 8):
-                    for e in self._c_pairs:
-                        r, c = lay.forward(lane, e // per, e % per)
-                        idx = (*lead, row_base + i * self.micro_m + r, col_base + j * self.n_tile + h * 8 + c)
-                        if layout is not None:
-                            idx = tuple(layout(*idx))
-                        self._store_pair(buf, idx, C_frag, i, j, h, e, out, space)
+        wm, wn, wk = self.warp_coords(warp)
+        m_base = block_row * self.block_m + wm * self.warp_row_tiles
+        n_base = block_col * self.block_n + wn * self.warp_col_tiles
 
-    def _stmatrix_ptx(self, C_frag, buf, lead, row_base, col_base, lane, layout, out):
+        def index(m, n):
+            idx = (*lead, r_off + n, c_off + m) if transpose else (*lead, r_off + m, c_off + n)
+            return tuple(layout(*idx)) if layout is not None else idx
+
+        with _ir.only_if(wk == 0 if self.reduce_k > 1 else None):
+            if can_ptx and use_stmatrix is not False:
+                self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose)
+                return
+            lay = self.c_layout
+            per = lay.elems_per_reg
+            for i in range(self.warp_rows):
+                for j in range(self.warp_cols):
+                    for h in range(self.n_tile // 8):
+                        for e in self._c_pairs:
+                            r, c = lay.forward(lane, e // per, e % per)
+                            m = m_base + i * self.micro_m + r
+                            n = n_base + j * self.n_tile + h * 8 + c
+                            if transpose:
+                                x0, x1, _ = self._pair_values(C_frag, i, j, h, e)
+                                for d, x in enumerate((x0, x1)):
+                                    _ir.store(buf, _ir.cast(out, x), index(m, n + d))
+                            else:
+                                self._store_pair(buf, index(m, n), C_frag, i, j, h, e, out, space)
+
+    def _stmatrix_ptx(self, C_frag, buf, m_base, n_base, lane, index, out, transpose):
         from tvm.script import tirx as T
 
-        plan = accumulator_store_plan(self.n_tile)
-        instr = isa.matrix_move("stmatrix", plan.num, False, arch=self.arch)
+        plan = accumulator_store_plan(self.n_tile, transpose)
+        instr = isa.matrix_move("stmatrix", plan.num, transpose, arch=self.arch)
         tmp = T.alloc_local((plan.num,), "uint32")
         for i in range(self.warp_rows):
             for j in range(self.warp_cols):
@@ -320,18 +332,50 @@ class TensorCoreIntrinEmitter:
                     h, e = q // 2, self._c_pairs[q % 2]
                     x0, x1, packed = self._pair_values(C_frag, i, j, h, e)
                     if self.accum_dtype == "float16":
-                        IRB_store(tmp, packed, q)
+                        _ir.store(tmp, packed, (q,))
                     else:
                         cvt = "cvt.rn.f16x2.f32" if out == "float16" else "cvt.rn.bf16x2.f32"
                         _ir.emit(_ir.ptx(cvt)(tmp[q], x1, x0))
-                r, c = plan.lane_address(lane)
-                idx = (*lead, row_base + i * self.micro_m + r, col_base + j * self.n_tile + c)
-                if layout is not None:
-                    idx = tuple(layout(*idx))
+                m, n = plan.lane_address(lane)  # (m, n) of the row this lane addresses, in the micro tile
+                idx = index(m_base + i * self.micro_m + m, n_base + j * self.n_tile + n)
                 _ir.emit(_ir.ptx(instr.ptx())(buf.ptr_to(list(idx)), *[tmp[q] for q in range(plan.num)]))
 
+    # ---- split-K across warp groups ------------------------------------------------------------------------
+    @property
+    def reduce_scratch_shape(self):
+        """Shape of the shared scratch ``reduce_accumulators`` needs (dtype ``c_fragment_dtype``), () if none."""
+        if self.reduce_k == 1:
+            return ()
+        per_warp = self.warp_rows * self.warp_cols * self.local_size_c
+        return (self.reduce_k - 1, self.block_row_warps * self.block_col_warps, per_warp, 32)
 
-def IRB_store(buf, value, index):
-    from tvm.tirx.script.builder import ir as IRB
+    def reduce_accumulators(self, C_frag, scratch, *, warp, lane):
+        """Sum the ``reduce_k`` groups' partial accumulators into group 0 (``warp_k == 0``); all warps must call it.
 
-    IRB.buffer_store(buf, value, [index])
+        Groups 1.. write their registers to ``scratch`` (shape ``reduce_scratch_shape``, lane-contiguous so the
+        stores and loads are conflict-free), one ``bar.sync``, then group 0 adds them in group order. float32: fp32
+        adds; float16: ``add.f16x2``; int32: wrapping 32-bit adds (as the mma's own accumulation).
+        """
+        from tvm.script import tirx as T
+
+        if self.reduce_k == 1:
+            return
+        if tuple(int(x) for x in scratch.shape) != self.reduce_scratch_shape:
+            raise TileShapeError(f"scratch shape {list(scratch.shape)} != reduce_scratch_shape "
+                                 f"{list(self.reduce_scratch_shape)}")
+        _, _, wk = self.warp_coords(warp)
+        wmn = warp % (self.block_row_warps * self.block_col_warps)
+        regs = [(i, j, r) for i in range(self.warp_rows) for j in range(self.warp_cols)
+                for r in range(self.local_size_c)]
+        with _ir.only_if(wk > 0):
+            for f, (i, j, r) in enumerate(regs):
+                _ir.store(scratch, C_frag[i, j, r], (wk - 1, wmn, f, lane))
+        _ir.emit(T.cuda.cta_sync())
+        with _ir.only_if(wk == 0):
+            for g in range(self.reduce_k - 1):
+                for f, (i, j, r) in enumerate(regs):
+                    part = scratch[g, wmn, f, lane]
+                    if self.accum_dtype == "float16":
+                        _ir.emit(T.ptx.add.f16x2(C_frag[i, j, r], C_frag[i, j, r], part))
+                    else:
+                        _ir.store(C_frag, C_frag[i, j, r] + part, (i, j, r))

@@ -100,20 +100,25 @@ def operand_load_plan(instr: MmaInstr, operand: str, k_contiguous: bool, n_tile:
 
 @dataclass(frozen=True)
 class AccumulatorStorePlan:
-    """stmatrix of one 16 x n_tile accumulator micro tile (n_tile 8: x2, 16: x4), non-transposed, 16-bit output.
+    """stmatrix of one 16 x n_tile accumulator micro tile (n_tile 8: x2, 16: x4) as 16-bit values.
 
-    Matrix ``q``: rows ``8 * (q % 2)``.., cols ``8 * (q // 2)``.. of the micro tile; register ``q`` holds the
-    accumulator pair of n8 half ``q // 2`` and row half ``q % 2`` (rows g or g + 8 of the mma C fragment).
+    Matrix ``q`` covers m ``8 * (q % 2)``.. and n ``8 * (q // 2)``.. of the micro tile; register ``q`` holds the
+    accumulator pair of n8 half ``q // 2`` and row half ``q % 2`` (rows g or g + 8 of the mma C fragment). Not
+    transposed, each matrix row is an m row; transposed (``.trans``, C^T stored [N, M]) each row is an n row.
     """
 
     num: int
+    transpose: bool = False
 
     def lane_address(self, lane):
+        """(m, n) of the first element of the stored row whose address ``lane`` supplies."""
         j = (lane // 8) % self.num
+        if self.transpose:
+            return 8 * (j % 2), 8 * (j // 2) + lane % 8
         return 8 * (j % 2) + lane % 8, 8 * (j // 2)
 
 
-def accumulator_store_plan(n_tile: int) -> AccumulatorStorePlan:
+def accumulator_store_plan(n_tile: int, transpose: bool = False) -> AccumulatorStorePlan:
     if n_tile not in (8, 16):
         raise UnsupportedConfigError(f"n_tile must be one of {choices([8, 16])}, not {n_tile!r}")
-    return AccumulatorStorePlan(2 * (n_tile // 8))
+    return AccumulatorStorePlan(2 * (n_tile // 8), bool(transpose))
