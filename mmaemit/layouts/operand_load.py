@@ -11,7 +11,9 @@ ldmatrix moves 8x8 matrices of b16, i.e. 8 rows of 16 bytes. For a K-contiguous 
 those matrices are 16-byte pieces of operand rows, so the same plan serves 32/16/8/4-bit elements (measured in bytes);
 the destination registers come out in exactly the mma fragment's register order (proved in tests by composing
 ``matrix_move_layout`` with ``mma_fragment``). An M/N-contiguous operand needs ``.trans``, which only transposes
-16-bit elements: for 16-bit operands only.
+16-bit elements: one ldmatrix.trans for 16-bit operands; 8-bit and 4-bit operands get a ``TransposedLoadPlan``
+(``transposed_load.py``: ldmatrix.trans + in-register byte/nibble shuffles, with an M/N permutation); 32-bit (tf32)
+operands must be K-contiguous.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from .. import dtypes as _dt
 from ..errors import UnsupportedConfigError, choices
 from ..isa import MmaInstr
+from .transposed_load import TransposedLoadPlan, transposed_load_plan  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -71,18 +74,25 @@ class OperandLoadPlan:
         return (8 * m_blk, e * k_blk) if self.k_contiguous else (8 * k_blk, 8 * m_blk)
 
 
-def operand_load_plan(instr: MmaInstr, operand: str, k_contiguous: bool, n_tile: int = 8) -> OperandLoadPlan:
-    """The ldmatrix plan for operand ``"A"`` (16 x K micro tile) or ``"B"`` (K x ``n_tile``, n_tile 8 or 16)."""
+def operand_load_plan(instr: MmaInstr, operand: str, k_contiguous: bool, n_tile: int = 8):
+    """The ldmatrix plan for operand ``"A"`` (16 x K micro tile) or ``"B"`` (K x ``n_tile``, n_tile 8 or 16).
+
+    8-bit and 4-bit operands stored M/N-contiguous get a ``TransposedLoadPlan`` (ldmatrix.trans + register
+    shuffles over a 16- or 32-wide load group, with an M/N permutation; ``n_tile`` does not change it); every other
+    case an ``OperandLoadPlan`` (one ldmatrix, fragment order, no permutation).
+    """
     bits = _dt.bits(instr.a_dtype if operand == "A" else instr.b_dtype)
     if operand not in ("A", "B"):
         raise UnsupportedConfigError(f"operand must be one of {choices(['A', 'B'])}, not {operand!r}")
     if n_tile not in (8, 16):
         raise UnsupportedConfigError(f"n_tile must be one of {choices([8, 16])}, not {n_tile!r}")
+    if not k_contiguous and bits in (8, 4):
+        return transposed_load_plan(instr, operand)
     if not k_contiguous and bits != 16:
         raise UnsupportedConfigError(
-            f"operand {operand} of {instr.describe()} stored M/N-contiguous needs a transposing load, which ldmatrix "
-            f"offers only for 16-bit elements; store it K-contiguous (a_transposed=False for A, b_transposed=True "
-            f"for B). Valid majors for {bits}-bit operands: ['K-contiguous']")
+            f"operand {operand} of {instr.describe()} stored M/N-contiguous needs a transposing load, which exists "
+            f"for 16-, 8- and 4-bit elements only; store it K-contiguous (a_transposed=False for A, "
+            f"b_transposed=True for B). Valid majors for {bits}-bit operands: ['K-contiguous']")
     if operand == "A":
         num, rows_k = instr.a_regs, instr.k
         shape = (instr.m, instr.k) if k_contiguous else (instr.k, instr.m)
