@@ -35,8 +35,12 @@ def test_derived_sizes():
     (dict(block_row_warps=0), TileShapeError, "positive"),
     (dict(warp_order="x_first"), UnsupportedConfigError, "m_fast"),
     (dict(satfinite=True), UnsupportedConfigError, "integer"),
-    (dict(a_dtype="int8", b_dtype="int8", accum_dtype="int32", a_transposed=True), UnsupportedConfigError,
+    (dict(a_dtype="float32", b_dtype="float32", accum_dtype="float32", a_transposed=True), UnsupportedConfigError,
      "K-contiguous"),
+    (dict(a_dtype="int4", b_dtype="int4", accum_dtype="int32", chunk=64, a_transposed=True, warp_row_tiles=48),
+     TileShapeError, "multiple of 32"),
+    (dict(a_dtype="int8", b_dtype="int8", accum_dtype="int32", b_transposed=False, warp_col_tiles=24, n_tile=8),
+     TileShapeError, "multiple of 16"),
     (dict(a_dtype="e4m3", b_dtype="e4m3", arch="sm_80"), ArchError, "sm_89"),
     (dict(k=32), UnsupportedConfigError, "valid k"),
 ])

@@ -15,6 +15,12 @@ Tile vocabulary (all sizes are read-only properties; never re-derive them):
 
 Fragments (``alloc_fragments``): A ``uint32[warp_rows, local_size_a]``, B ``uint32[warp_cols, local_size_b]``,
 C ``[warp_rows, warp_cols, local_size_c]`` of float32 (f32 accumulators) or uint32 (f16 pairs, s32).
+
+8-bit and 4-bit operands stored M/N-contiguous load through ``TransposedLoadPlan`` (ldmatrix.trans + prmt, plus
+shl/shr/lop3 for 4-bit), which permutes M (A) or N (B) inside a 16- or 32-wide load group. The accumulators then hold
+C with permuted rows / columns: ``stmatrix`` and ``reduce_accumulators`` account for it; code that reads
+``C_frag`` by hand must map registers with ``accumulator_coords`` (``c_row_perm`` / ``c_col_perm`` are the raw
+permutations, None when the major needs none).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from ..arch import as_arch
 from ..errors import TileShapeError, UnsupportedConfigError, choices
 from ..layouts.fragment import mma_fragment
 from ..layouts.operand_load import accumulator_store_plan, operand_load_plan
+from ..layouts.transposed_load import TransposedLoadPlan
 from . import _ir
 
 WARP_ORDERS = ("m_fast", "n_fast")
@@ -40,7 +47,9 @@ class TensorCoreIntrinEmitter:
     Args:
         a_dtype, b_dtype, accum_dtype: an mma.sync combination from ``mmaemit.isa.MMA_TABLE`` (aliases accepted).
         a_transposed: A stored [K, M] (M-contiguous) instead of [M, K]. b_transposed: B stored [N, K] (K-contiguous)
-            instead of [K, N]. M/N-contiguous storage needs 16-bit operands (ldmatrix .trans).
+            instead of [K, N]. M/N-contiguous storage works for 16-bit (ldmatrix .trans), 8-bit and 4-bit operands
+            (``TransposedLoadPlan``; warp_row_tiles / warp_col_tiles must then be multiples of 16 (8-bit) or 32
+            (4-bit)); tf32 operands must be K-contiguous.
         block_row_warps, block_col_warps: warps along M and N. warp_row_tiles, warp_col_tiles: a warp's C extent.
         chunk: the K extent of one shared tile. reduce_k: warp groups splitting ``chunk`` along K.
         n_tile: 8 or 16 (default 16 when ``warp_col_tiles`` allows). k: the mma K (default: the table's largest).
@@ -88,8 +97,18 @@ class TensorCoreIntrinEmitter:
         # fast loads: the plans raise a clear error for majors ldmatrix cannot serve
         self.a_plan = operand_load_plan(ins, "A", k_contiguous=not self.a_transposed)
         self.b_plan = operand_load_plan(ins, "B", k_contiguous=self.b_transposed, n_tile=n_tile)
+        for plan, name, size in ((self.a_plan, "warp_row_tiles", warp_row_tiles),
+                                 (self.b_plan, "warp_col_tiles", warp_col_tiles)):
+            if isinstance(plan, TransposedLoadPlan) and size % plan.extent:
+                raise TileShapeError(
+                    f"{name}={size}: a {plan.elem_bits}-bit operand stored {'M' if plan.operand == 'A' else 'N'}-"
+                    f"contiguous loads {plan.extent} {'rows' if plan.operand == 'A' else 'columns'} at a time (one "
+                    f"16-byte ldmatrix row); use a multiple of {plan.extent} (valid: "
+                    f"{', '.join(str(plan.extent * i) for i in (1, 2, 4))}, ...)")
         self.c_layout = mma_fragment(ins, "C")
+        self._check_c_rows()
         self._c_pairs = self._accumulator_pairs()
+        self._c_store_pairs = self._store_pairs()
 
     # ---- derived sizes -------------------------------------------------------------------------------------
     micro_m = property(lambda self: self.instruction.m, doc="rows of one mma micro tile (16)")
@@ -113,6 +132,15 @@ class TensorCoreIntrinEmitter:
     b_shared_shape = property(lambda self: (self.block_n, self.block_k) if self.b_transposed
                               else (self.block_k, self.block_n), doc="shape of one B shared tile as stored")
     c_fragment_dtype = property(lambda self: "float32" if self.accum_dtype == "float32" else "uint32")
+    c_row_perm = property(
+        lambda self: self.a_plan.perm if isinstance(self.a_plan, TransposedLoadPlan) else None,
+        doc="None, or the M permutation of an M-contiguous 8/4-bit A: accumulator row ``x`` of micro tile ``i`` holds "
+            "m = ``(i // G) * len(perm) + perm[16 * (i % G) + x]`` (G = len(perm) // 16) of the warp tile")
+    c_col_perm = property(
+        lambda self: self.b_plan.perm if isinstance(self.b_plan, TransposedLoadPlan) else None,
+        doc="None, or the N permutation of an N-contiguous 8/4-bit B: accumulator column ``x`` of n8 tile ``s`` (n8 "
+            "tiles counted across micro tiles, ``s = j * n_tile // 8 + h``) holds n = ``(s // G) * len(perm) + "
+            "perm[8 * (s % G) + x]`` (G = len(perm) // 8) of the warp tile")
 
     def __repr__(self):
         return (f"TensorCoreIntrinEmitter({self.instruction.ptx()}, block {self.block_m}x{self.block_n}x"
@@ -173,27 +201,87 @@ class TensorCoreIntrinEmitter:
         for q in range(n):
             _ir.emit(T.ptx.cvt.rna.tf32.f32(frag[slot, q], T.reinterpret("float32", frag[slot, q])))
 
+    def fragment_slot(self, operand, group, unit, reg):
+        """(micro tile, register) of A_frag / B_frag that register ``reg`` of ``unit`` of load group ``group`` of
+        a ``TransposedLoadPlan`` fills. A: unit = micro tile in the group. B: unit = n8 tile in the group; n8 tiles
+        run across micro tiles (n_tile 16: two per micro tile, registers ``h * b_regs + reg``)."""
+        plan = self.a_plan if operand == "A" else self.b_plan
+        if operand == "A":
+            return group * plan.units + unit, reg
+        j, h = divmod(group * plan.units + unit, self.n_tile // 8)
+        return j, h * self.instruction.b_regs + reg
+
+    def _ldmatrix_transposed(self, plan, frag_slot, operand, row0, col0, lane, layout):
+        """One load group of a ``TransposedLoadPlan``: ldmatrix.trans into temporaries, then the shuffle program,
+        whose outputs land in the fragment registers ``frag_slot(unit, reg)``."""
+        from tvm.script import tirx as T
+
+        buf, lead, r_off, c_off = _ir.split_region(operand)
+        if _ir.scope_of(buf) not in ("shared", "shared.dyn"):
+            raise UnsupportedConfigError(f"ldmatrix reads shared memory; {buf.name} is in {_ir.scope_of(buf)!r} "
+                                         f"(valid scopes: 'shared', 'shared.dyn')")
+        temps = T.alloc_local((len(plan.temps),), "uint32")
+        reg = {name: temps[q] for q, name in enumerate(plan.temps)}
+        for name, unit, r in plan.outputs:
+            reg[name] = frag_slot(unit, r)
+        for ld in plan.loads:
+            k, mn = plan.lane_address(ld.index, lane)
+            idx = (*lead, r_off + row0 + k, c_off + col0 + mn)
+            if layout is not None:
+                idx = tuple(layout(*idx))
+            instr = isa.matrix_move("ldmatrix", ld.num, True, arch=self.arch)
+            _ir.emit(_ir.ptx(instr.ptx())(*[reg[d] for d in ld.dst], buf.ptr_to(list(idx))))
+        for op in plan.ops:
+            srcs = [reg[n] for n in op.srcs]
+            if op.op == "prmt":
+                args = (*srcs, T.uint32(op.imm[0]))
+            elif op.op in ("shl", "shr"):
+                args = (*srcs, T.uint32(op.imm[0]))
+            else:  # lop3: constant third operand, LUT immediate
+                args = (*srcs, T.uint32(op.imm[0]), op.imm[1])
+            _ir.emit(_ir.ptx(op.ptx())(reg[op.dst], *args))
+
     def ldmatrix_a(self, A_frag, A_shared, ki, *, warp, lane, layout=None):
         """Load this warp's ``warp_rows`` A micro tiles of K step ``ki`` (one ldmatrix each; .trans if A is [K, M]).
 
         ``A_shared``: a 2-D shared buffer, or a region/element naming the CTA tile's origin (``As[stage, 0:BM, 0:BK]``).
         ``layout``: the swizzle the tile was written with (``make_mma_swizzle_layout``), applied to full indices.
+        8/4-bit A stored [K, M]: per 16 (8-bit) or 32 (4-bit) rows one ``TransposedLoadPlan`` group (ldmatrix.trans,
+        prmt, and for 4-bit shl/shr/lop3), rows permuted as ``c_row_perm`` says.
         """
         wm, _, wk = self.warp_coords(warp)
         k0 = wk * (self.chunk // self.reduce_k) + ki * self.micro_k
+        plan = self.a_plan
+        if isinstance(plan, TransposedLoadPlan):
+            for grp in range(self.warp_rows // plan.units):
+                m0 = wm * self.warp_row_tiles + grp * plan.extent
+                self._ldmatrix_transposed(plan, lambda u, r, g=grp: A_frag[self.fragment_slot("A", g, u, r)],
+                                          A_shared, k0, m0, lane, layout)
+            return
         for i in range(self.warp_rows):
             m0 = wm * self.warp_row_tiles + i * self.micro_m
             row0, col0 = (k0, m0) if self.a_transposed else (m0, k0)
-            self._ldmatrix(self.a_plan, A_frag, i, A_shared, row0, col0, lane, layout)
+            self._ldmatrix(plan, A_frag, i, A_shared, row0, col0, lane, layout)
 
     def ldmatrix_b(self, B_frag, B_shared, ki, *, warp, lane, layout=None):
-        """Load this warp's ``warp_cols`` B micro tiles of K step ``ki`` (.trans if B is [K, N])."""
+        """Load this warp's ``warp_cols`` B micro tiles of K step ``ki`` (.trans if B is [K, N]).
+
+        8/4-bit B stored [K, N]: per 16 (8-bit) or 32 (4-bit) columns one ``TransposedLoadPlan`` group, columns
+        permuted as ``c_col_perm`` says.
+        """
         _, wn, wk = self.warp_coords(warp)
         k0 = wk * (self.chunk // self.reduce_k) + ki * self.micro_k
+        plan = self.b_plan
+        if isinstance(plan, TransposedLoadPlan):
+            for grp in range(self.warp_col_tiles // plan.extent):
+                n0 = wn * self.warp_col_tiles + grp * plan.extent
+                self._ldmatrix_transposed(plan, lambda u, r, g=grp: B_frag[self.fragment_slot("B", g, u, r)],
+                                          B_shared, k0, n0, lane, layout)
+            return
         for j in range(self.warp_cols):
             n0 = wn * self.warp_col_tiles + j * self.n_tile
             row0, col0 = (n0, k0) if self.b_transposed else (k0, n0)
-            self._ldmatrix(self.b_plan, B_frag, j, B_shared, row0, col0, lane, layout)
+            self._ldmatrix(plan, B_frag, j, B_shared, row0, col0, lane, layout)
 
     # ---- mma -----------------------------------------------------------------------------------------------
     def mma_atom(self, A_frag, B_frag, C_frag, i, j, half=None):
@@ -216,7 +304,52 @@ class TensorCoreIntrinEmitter:
             for j in range(self.warp_cols):
                 self.mma_atom(A_frag, B_frag, C_frag, i, j)
 
-    # ---- registers -> memory -------------------------------------------------------------------------------
+    # ---- accumulator positions -----------------------------------------------------------------------------
+    def _check_c_rows(self):
+        """The C fragment puts lane l's rows at ``l // 4 + 8 hi`` (hi fixed per register slot), columns < 8: the
+        row/column permutations below rely on it."""
+        lay = self.c_layout
+        for reg, elem in ((r, e) for r in range(lay.regs) for e in range(lay.elems_per_reg)):
+            hi = lay.forward(0, reg, elem)[0] // 8
+            for lane in range(32):
+                r, c = lay.forward(lane, reg, elem)
+                if r != lane // 4 + 8 * hi or not 0 <= c < 8:
+                    raise AssertionError(f"C fragment slot (lane {lane}, reg {reg}, elem {elem}) is at {(r, c)}")
+
+    def _acc_slot(self, e):
+        """Flat accumulator element ``e`` of a micro tile -> (n8 half h, register index in C_frag, half in it)."""
+        ins = self.instruction
+        h, idx = divmod(e, ins.c_elems)
+        per = self.c_layout.elems_per_reg
+        return h, h * ins.c_regs + idx // per, idx % per
+
+    def _m_of(self, i, lo, hi):
+        plan = self.a_plan
+        if isinstance(plan, TransposedLoadPlan):
+            grp, u = divmod(i, plan.units)
+            return grp * plan.extent + plan.mn_offset(u, lo, hi)
+        return i * self.micro_m + lo + 8 * hi
+
+    def _n_of(self, j, h, col):
+        plan = self.b_plan
+        if isinstance(plan, TransposedLoadPlan):
+            grp, u = divmod(j * (self.n_tile // 8) + h, plan.units)
+            return grp * plan.extent + plan.mn_offset(u, col)
+        return j * self.n_tile + 8 * h + col
+
+    def accumulator_coords(self, lane, i, j, e):
+        """(m, n) inside the warp tile of flat accumulator element ``e`` of micro tile (i, j) held by ``lane``.
+
+        ``e`` runs over ``(n_tile // 8) * instruction.c_elems`` elements: n8 half ``e // c_elems``, then the C
+        fragment's element order (f16 accumulators: two per register, low half first). ``lane`` may be a PrimExpr.
+        This is the map to use when reading ``C_frag`` by hand: it includes ``c_row_perm`` / ``c_col_perm``.
+        """
+        h, reg, half = self._acc_slot(e)
+        lay = self.c_layout
+        hi = lay.forward(0, reg - h * self.instruction.c_regs, half)[0] // 8
+        col = lay.forward(lane, reg - h * self.instruction.c_regs, half)[1]
+        return self._m_of(i, lane // 4, hi), self._n_of(j, h, col)
+
     def _accumulator_pairs(self):
         """Flat accumulator element pairs (e, e+1) that sit in adjacent columns of one row (checked here)."""
         lay = self.c_layout
@@ -232,22 +365,47 @@ class TensorCoreIntrinEmitter:
             pairs.append(e)
         return pairs
 
-    def _pair_values(self, C_frag, i, j, h, e):
-        """The two accumulator values of pair ``e`` (as PrimExprs of the accumulator type) and the packed reg."""
+    def _store_pairs(self):
+        """Every accumulator as ((i, j, e), (i, j2, e2)) pairs at (m, n) and (m, n + 1), n even, for every lane.
+
+        Without a column permutation these are the fragment pairs of one n8 tile; with one they join n8 tiles (and
+        micro tiles) of a load group. Found by enumerating the lanes, so any pairing error shows up here.
+        """
+        elems = (self.n_tile // 8) * self.instruction.c_elems
+        pairs = []
+        for i in range(self.warp_rows):
+            where = {}
+            for j in range(self.warp_cols):
+                for e in range(elems):
+                    where[tuple(self.accumulator_coords(lane, i, j, e) for lane in range(32))] = (i, j, e)
+            for key, slot in where.items():
+                if any(n % 2 for _, n in key):
+                    continue
+                mate = where.get(tuple((m, n + 1) for m, n in key))
+                if mate is None:
+                    raise AssertionError(f"accumulator {slot} has no neighbour at n + 1")
+                pairs.append((slot, mate))
+        if 2 * len(pairs) != self.warp_rows * self.warp_cols * elems:
+            raise AssertionError("accumulators do not split into (n, n + 1) pairs")
+        return sorted(pairs)
+
+    def _acc_value(self, C_frag, i, j, e):
+        """(value as a PrimExpr of the accumulator type, its C_frag register, half) of element ``e``."""
         from tvm.script import tirx as T
 
-        base = h * self.instruction.c_regs
+        _, reg, half = self._acc_slot(e)
+        r = C_frag[i, j, reg]
         if self.accum_dtype == "float16":
-            reg = C_frag[i, j, base + e // 2]
-            lo = T.reinterpret("float16", T.Cast("uint16", reg & T.uint32(0xFFFF)))
-            hi = T.reinterpret("float16", T.Cast("uint16", reg >> T.uint32(16)))
-            return lo, hi, reg
-        return C_frag[i, j, base + e], C_frag[i, j, base + e + 1], None
+            bits = r & T.uint32(0xFFFF) if half == 0 else r >> T.uint32(16)
+            return T.reinterpret("float16", T.Cast("uint16", bits)), r, half
+        return r, r, half
 
-    def _store_pair(self, buf, idx, C_frag, i, j, h, e, out_dtype, space):
+    # ---- registers -> memory -------------------------------------------------------------------------------
+    def _store_pair(self, buf, idx, C_frag, a, b, out_dtype, space):
         from tvm.script import tirx as T
 
-        x0, x1, packed = self._pair_values(C_frag, i, j, h, e)
+        x0, r0, h0 = self._acc_value(C_frag, *a)
+        x1, r1, h1 = self._acc_value(C_frag, *b)
         ptr = buf.ptr_to(list(idx))
         acc = self.accum_dtype
         if out_dtype == "float32":
@@ -257,7 +415,13 @@ class TensorCoreIntrinEmitter:
         elif acc == "int32":
             _ir.emit(_ir.ptx(f"st.{space}.v2.b32")(ptr, x0, x1))
         elif acc == "float16" and out_dtype == "float16":
-            _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, packed))
+            if a[:2] == b[:2] and self._acc_slot(a[2])[1] == self._acc_slot(b[2])[1] and (h0, h1) == (0, 1):
+                _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, r0))
+            else:  # the pair sits in two registers (column permutation): pack the halves with one prmt
+                tmp = T.alloc_local((1,), "uint32")
+                _ir.emit(T.ptx.prmt.b32(tmp[0], r0, r1, T.uint32((2 * h0) | (2 * h0 + 1) << 4
+                                                                  | (4 + 2 * h1) << 8 | (5 + 2 * h1) << 12)))
+                _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, tmp[0]))
         else:
             tmp = T.alloc_local((1,), "uint32")
             cvt = "cvt.rn.f16x2.f32" if out_dtype == "float16" else "cvt.rn.bf16x2.f32"
@@ -275,6 +439,9 @@ class TensorCoreIntrinEmitter:
         ``block_col`` add ``block_m`` / ``block_n`` multiples (the CTA's tile) to the (m, n) origin. With
         ``reduce_k > 1`` only the ``warp_k == 0`` group stores (call ``reduce_accumulators`` first). Output dtypes:
         float32 accumulators -> float32/float16/bfloat16; float16 -> float16/float32; int32 -> int32.
+        Permuted accumulators (``c_row_perm`` / ``c_col_perm``) land at their true (m, n): PTX stmatrix takes per-row
+        addresses, so it serves a row permutation (or, transposed, a column permutation); the other case uses the
+        vector stores (pairs of adjacent n joined across n8 tiles).
         """
         buf, lead, r_off, c_off = _ir.split_region(C_buf)
         out = _dt.canonical(buf.dtype)
@@ -291,6 +458,14 @@ class TensorCoreIntrinEmitter:
             isa.matrix_move("stmatrix", 4, arch=self.arch or "sm_80")  # raises the arch error if that is the cause
             raise UnsupportedConfigError("PTX stmatrix needs a shared destination of a 16-bit dtype "
                                          f"(got {out} in {scope!r})")
+        # a stmatrix row is 8 contiguous elements: the permutation along the row must be the identity
+        along_row = self.c_row_perm if transpose else self.c_col_perm
+        if use_stmatrix and along_row is not None:
+            raise UnsupportedConfigError(
+                f"PTX stmatrix{'.trans' if transpose else ''} writes 8 contiguous {'m' if transpose else 'n'} per "
+                f"row, but the accumulators' {'rows' if transpose else 'columns'} are permuted by the "
+                f"{'M' if transpose else 'N'}-contiguous {self.a_dtype if transpose else self.b_dtype} operand; "
+                f"use use_stmatrix=None/False (vector stores){' or store C untransposed' if transpose else ''}")
         wm, wn, wk = self.warp_coords(warp)
         m_base = block_row * self.block_m + wm * self.warp_row_tiles
         n_base = block_col * self.block_n + wn * self.warp_col_tiles
@@ -300,24 +475,29 @@ class TensorCoreIntrinEmitter:
             return tuple(layout(*idx)) if layout is not None else idx
 
         with _ir.only_if(wk == 0 if self.reduce_k > 1 else None):
-            if can_ptx and use_stmatrix is not False:
+            if can_ptx and use_stmatrix is not False and along_row is None:
                 self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose)
                 return
-            lay = self.c_layout
-            per = lay.elems_per_reg
-            for i in range(self.warp_rows):
-                for j in range(self.warp_cols):
-                    for h in range(self.n_tile // 8):
-                        for e in self._c_pairs:
-                            r, c = lay.forward(lane, e // per, e % per)
-                            m = m_base + i * self.micro_m + r
-                            n = n_base + j * self.n_tile + h * 8 + c
-                            if transpose:
-                                x0, x1, _ = self._pair_values(C_frag, i, j, h, e)
-                                for d, x in enumerate((x0, x1)):
-                                    _ir.store(buf, _ir.cast(out, x), index(m, n + d))
-                            else:
-                                self._store_pair(buf, index(m, n), C_frag, i, j, h, e, out, space)
+            for a, b in self._c_store_pairs:
+                m, n = self.accumulator_coords(lane, *a)
+                m, n = m_base + m, n_base + n
+                if transpose:
+                    for d, slot in enumerate((a, b)):
+                        _ir.store(buf, _ir.cast(out, self._acc_value(C_frag, *slot)[0]), index(m, n + d))
+                else:
+                    self._store_pair(buf, index(m, n), C_frag, a, b, out, space)
+
+    def _stmatrix_row(self, lane, i, j, num, transpose):
+        """(m, n) in the warp tile of the row start whose address ``lane`` gives to stmatrix.x{num}[.trans].
+
+        Lane ``8 jm + r`` addresses row r of matrix jm = (n8 half jm // 2, row half jm % 2): fragment row
+        ``r + 8 (jm % 2)``; transposed, a stored row is fragment column r of n8 half jm // 2. Permutations apply
+        per row (the caller ensures none runs along the row).
+        """
+        jm, r = (lane // 8) % num, lane % 8
+        if transpose:
+            return self._m_of(i, 0, jm % 2), self._n_of(j, jm // 2, r)
+        return self._m_of(i, r, jm % 2), self._n_of(j, jm // 2, 0)
 
     def _stmatrix_ptx(self, C_frag, buf, m_base, n_base, lane, index, out, transpose):
         from tvm.script import tirx as T
@@ -325,19 +505,21 @@ class TensorCoreIntrinEmitter:
         plan = accumulator_store_plan(self.n_tile, transpose)
         instr = isa.matrix_move("stmatrix", plan.num, transpose, arch=self.arch)
         tmp = T.alloc_local((plan.num,), "uint32")
+        c_elems = self.instruction.c_elems
         for i in range(self.warp_rows):
             for j in range(self.warp_cols):
                 # register q of stmatrix = n8 half q // 2, row half q % 2 (the plan's matrix order)
                 for q in range(plan.num):
-                    h, e = q // 2, self._c_pairs[q % 2]
-                    x0, x1, packed = self._pair_values(C_frag, i, j, h, e)
+                    e = (q // 2) * c_elems + self._c_pairs[q % 2]
+                    x0, packed, _ = self._acc_value(C_frag, i, j, e)
+                    x1 = self._acc_value(C_frag, i, j, e + 1)[0]
                     if self.accum_dtype == "float16":
                         _ir.store(tmp, packed, (q,))
                     else:
                         cvt = "cvt.rn.f16x2.f32" if out == "float16" else "cvt.rn.bf16x2.f32"
                         _ir.emit(_ir.ptx(cvt)(tmp[q], x1, x0))
-                m, n = plan.lane_address(lane)  # (m, n) of the row this lane addresses, in the micro tile
-                idx = index(m_base + i * self.micro_m + m, n_base + j * self.n_tile + n)
+                m, n = self._stmatrix_row(lane, i, j, plan.num, transpose)
+                idx = index(m_base + m, n_base + n)
                 _ir.emit(_ir.ptx(instr.ptx())(buf.ptr_to(list(idx)), *[tmp[q] for q in range(plan.num)]))
 
     # ---- split-K across warp groups ------------------------------------------------------------------------
