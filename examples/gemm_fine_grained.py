@@ -5,12 +5,19 @@ Pipeline per CTA (one ``block_m x block_n`` tile of C):
 1. ``stages``-deep ``cp.async`` ring: every thread copies 16-byte chunks of the next A and B tiles from global into
    swizzled shared memory (``make_mma_swizzle_layout``), one commit group per K tile.
 2. Inner loop per K tile: ``emitter.ldmatrix_a`` / ``ldmatrix_b`` (ldmatrix, .trans where the operand is
-   M/N-contiguous) and ``emitter.mma`` (mma.sync m16n8k16) for each of the ``chunk // 16`` K steps.
+   M/N-contiguous; 8/4-bit M/N-contiguous operands add prmt (+ shl/shr/lop3) register shuffles) and
+   ``emitter.mma`` (mma.sync; m16n8k16 for 16-bit, k32 for 8-bit, k64 for 4-bit) for each K step of the tile.
 3. Epilogue: ``emitter.stmatrix`` into a swizzled shared C tile (PTX stmatrix on sm_90+, vector stores below), then
    coalesced 16-byte stores to global. ``epilogue="global"`` stores the accumulators straight to global instead.
 
 Layouts: ``trans_a=False`` means A is [M, K], ``True`` [K, M]; ``trans_b=False`` means B is [K, N], ``True`` [N, K].
 NN/NT/TN/TT name (trans_a, trans_b). M, N, K must be multiples of the block tile.
+
+Dtypes: float16/bfloat16 (f32 or f16 accumulators), int8/uint8 (s32 accumulators, int32 output), float8_e4m3fn /
+float8_e5m2 (f32 accumulators, sm_89), int4/uint4 (s32; ``block_k`` a multiple of 64). ``b_dtype`` may differ from
+``dtype`` among the 8-bit integer, the fp8 or the 4-bit integer types. 4-bit operands travel packed: the kernel's A/B
+parameters are uint8 with half as many columns, element ``2i`` of a row in the low nibble of byte ``i``
+(``pack_int4``).
 
     python -m examples.gemm_fine_grained --m 4096 --n 4096 --k 4096     # needs a GPU
 """
@@ -19,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmaemit import TensorCoreIntrinEmitter, make_mma_swizzle_layout
-from mmaemit.dtypes import bits, canonical
+from mmaemit.dtypes import bits, canonical, is_float
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.layouts.raster import panel_swizzle
 
@@ -40,13 +47,24 @@ class GemmConfig:
     panel: int = 8            # CTA rasterization: tile-rows per panel for L2 reuse (1 = row-major launch order)
 
 
-def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype="float32", trans_a=False, trans_b=False,
-              config: GemmConfig = GemmConfig(), arch=None):
-    """Build the GEMM PrimFunc ``gemm(A, B, C)`` for fixed M, N, K. Returns (prim_func, emitter)."""
+def _default_accum(dtype):
+    return "float32" if is_float(dtype) else "int32"
+
+
+def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_a=False, trans_b=False,
+              config: GemmConfig = GemmConfig(), arch=None, b_dtype=None):
+    """Build the GEMM PrimFunc ``gemm(A, B, C)`` for fixed M, N, K. Returns (prim_func, emitter).
+
+    ``dtype`` is A's element type, ``b_dtype`` B's (default: ``dtype``). ``accum_dtype`` defaults to float32 for
+    float operands and int32 for integer ones; ``out_dtype`` to ``dtype`` for 16-bit operands, else the accumulator
+    type.
+    """
     from tvm.script import tirx as T
 
     dtype = canonical(dtype)
-    out_dtype = canonical(out_dtype or dtype)
+    b_dtype = canonical(b_dtype or dtype)
+    accum_dtype = canonical(accum_dtype or _default_accum(dtype))
+    out_dtype = canonical(out_dtype or (dtype if bits(dtype) == 16 else accum_dtype))
     cfg = config
     for name, size, tile in (("M", M, cfg.block_m), ("N", N, cfg.block_n), ("K", K, cfg.block_k)):
         if size <= 0 or size % tile:
@@ -56,17 +74,19 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype="float32", t
         raise UnsupportedConfigError(f"stages must be >= 2, not {cfg.stages}")
     if cfg.epilogue not in ("shared", "global"):
         raise UnsupportedConfigError(f"epilogue must be one of {choices(['shared', 'global'])}")
-    em = TensorCoreIntrinEmitter(dtype, dtype, accum_dtype, a_transposed=trans_a, b_transposed=trans_b,
+    em = TensorCoreIntrinEmitter(dtype, b_dtype, accum_dtype, a_transposed=trans_a, b_transposed=trans_b,
                                  block_row_warps=cfg.block_m // cfg.warp_m, block_col_warps=cfg.block_n // cfg.warp_n,
                                  warp_row_tiles=cfg.warp_m, warp_col_tiles=cfg.warp_n, chunk=cfg.block_k, arch=arch)
     BM, BN, S, THREADS, NW = em.block_m, em.block_n, cfg.stages, em.threads, em.num_warps
     KT = K // cfg.block_k
-    a_tile, b_tile = em.a_shared_shape, em.b_shared_shape
-    swz_a = make_mma_swizzle_layout((S, *a_tile), dtype)
-    swz_b = make_mma_swizzle_layout((S, *b_tile), dtype)
+    # shared tiles as stored: 4-bit operands packed in uint8 (the emitter reads packed tiles), others as their dtype
+    (a_tile, a_sdtype, A_PACK), (b_tile, b_sdtype, B_PACK) = (_packed_operand(em.a_shared_shape, dtype),
+                                                              _packed_operand(em.b_shared_shape, b_dtype))
+    swz_a = make_mma_swizzle_layout((S, *a_tile), a_sdtype)
+    swz_b = make_mma_swizzle_layout((S, *b_tile), b_sdtype)
     swz_c = make_mma_swizzle_layout((BM, BN), out_dtype)
-    EPC = 128 // bits(dtype)                       # elements per 16-byte chunk
-    A_CPR, B_CPR = a_tile[1] // EPC, b_tile[1] // EPC  # chunks per shared row
+    A_EPC, B_EPC = 128 // bits(a_sdtype), 128 // bits(b_sdtype)   # stored elements per 16-byte chunk
+    A_CPR, B_CPR = a_tile[1] // A_EPC, b_tile[1] // B_EPC         # chunks per shared row
     A_ITERS, B_ITERS = a_tile[0] * A_CPR // THREADS, b_tile[0] * B_CPR // THREADS
     C_EPC = 128 // bits(out_dtype)
     C_CPR = BN // C_EPC
@@ -74,13 +94,13 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype="float32", t
     if A_ITERS * THREADS != a_tile[0] * A_CPR or B_ITERS * THREADS != b_tile[0] * B_CPR \
             or C_ITERS * THREADS != BM * C_CPR:
         raise TileShapeError(f"tiles {a_tile}/{b_tile} do not split evenly into 16-byte chunks over {THREADS} threads")
-    a_shape = (K, M) if trans_a else (M, K)
-    b_shape = (N, K) if trans_b else (K, N)
+    a_shape, a_gdtype, _ = _packed_operand((K, M) if trans_a else (M, K), dtype)
+    b_shape, b_gdtype, _ = _packed_operand((N, K) if trans_b else (K, N), b_dtype)
     use_smem_epilogue = cfg.epilogue == "shared"
     GM, GN = M // BM, N // BN
 
     @T.prim_func
-    def gemm(A: T.Buffer(a_shape, dtype), B: T.Buffer(b_shape, dtype), C: T.Buffer((M, N), out_dtype)):
+    def gemm(A: T.Buffer(a_shape, a_gdtype), B: T.Buffer(b_shape, b_gdtype), C: T.Buffer((M, N), out_dtype)):
         T.device_entry()
         pid = T.cta_id([GM * GN])
         bm = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[0])
@@ -89,8 +109,8 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype="float32", t
         lane = T.lane_id([32])
         tid = T.meta_var(warp * 32 + lane)
         pool = T.SMEMPool()
-        As = pool.alloc((S, *a_tile), dtype, align=1024)
-        Bs = pool.alloc((S, *b_tile), dtype, align=1024)
+        As = pool.alloc((S, *a_tile), a_sdtype, align=1024)
+        Bs = pool.alloc((S, *b_tile), b_sdtype, align=1024)
         pool.move_base_to(0)  # the C staging tile reuses the pipeline's memory once the main loop is done
         Cs = pool.alloc((BM, BN), out_dtype, align=1024)
         pool.commit()
@@ -103,23 +123,23 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype="float32", t
             for t in T.unroll(A_ITERS):
                 q = T.meta_var(tid + t * THREADS)
                 r = T.meta_var(q // A_CPR)
-                c = T.meta_var(q % A_CPR * EPC)
+                c = T.meta_var(q % A_CPR * A_EPC)
                 if trans_a:
                     T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz_a(stage, r, c)),
-                                                       A.ptr_to([kt * a_tile[0] + r, bm * BM + c]), 16)
+                                                       A.ptr_to([kt * a_tile[0] + r, bm * BM // A_PACK + c]), 16)
                 else:
                     T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz_a(stage, r, c)),
                                                        A.ptr_to([bm * BM + r, kt * a_tile[1] + c]), 16)
             for t in T.unroll(B_ITERS):
                 q = T.meta_var(tid + t * THREADS)
                 r = T.meta_var(q // B_CPR)
-                c = T.meta_var(q % B_CPR * EPC)
+                c = T.meta_var(q % B_CPR * B_EPC)
                 if trans_b:
                     T.ptx["cp.async.cg.shared.global"](Bs.ptr_to(swz_b(stage, r, c)),
                                                        B.ptr_to([bn * BN + r, kt * b_tile[1] + c]), 16)
                 else:
                     T.ptx["cp.async.cg.shared.global"](Bs.ptr_to(swz_b(stage, r, c)),
-                                                       B.ptr_to([kt * b_tile[0] + r, bn * BN + c]), 16)
+                                                       B.ptr_to([kt * b_tile[0] + r, bn * BN // B_PACK + c]), 16)
 
         for s in T.unroll(S - 1):
             if s < KT:
@@ -155,15 +175,52 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype="float32", t
     return gemm, em
 
 
-def reference(A, B, trans_a=False, trans_b=False):
-    """float32 torch reference of the GEMM (inputs upcast)."""
-    a = A.float().T if trans_a else A.float()
-    b = B.float().T if trans_b else B.float()
+def _packed_operand(shape, dtype):
+    """(shape, dtype, operand elements per stored element) of a stored operand (kernel parameter or shared tile):
+    4-bit operands are packed two per uint8."""
+    if bits(dtype) == 4:
+        return (shape[0], shape[1] // 2), "uint8", 2
+    return shape, dtype, 1
+
+
+def pack_int4(values):
+    """Pack a torch integer tensor of 4-bit values (last dim even; -8..7 or 0..15) into uint8, two per byte
+    (element 2i in the low nibble of byte i)."""
+    import torch
+
+    v = values.to(torch.int64) & 0xF
+    return (v[..., 0::2] | (v[..., 1::2] << 4)).to(torch.uint8)
+
+
+def unpack_int4(packed, signed):
+    """Inverse of ``pack_int4``: int64 tensor with twice the columns, sign-extended when ``signed``."""
+    import torch
+
+    p = packed.to(torch.int64)
+    v = torch.stack([p & 0xF, (p >> 4) & 0xF], dim=-1).reshape(*p.shape[:-1], 2 * p.shape[-1])
+    return v - 16 * (v >= 8).long() if signed else v
+
+
+def reference(A, B, trans_a=False, trans_b=False, dtype=None, b_dtype=None):
+    """torch reference of the GEMM: float32 for float inputs; exact int64 (computed on the CPU) for integer inputs.
+    4-bit operands (packed uint8) need ``dtype`` (and ``b_dtype`` if it differs) to be unpacked."""
+    if dtype is not None and bits(dtype) == 4:
+        A = unpack_int4(A.cpu(), canonical(dtype) == "int4")
+    bd = b_dtype or dtype
+    if bd is not None and bits(bd) == 4:
+        B = unpack_int4(B.cpu(), canonical(bd) == "int4")
+    if A.is_floating_point():
+        a = A.float().T if trans_a else A.float()
+        b = B.float().T if trans_b else B.float()
+        return a @ b
+    a = A.cpu().long().T if trans_a else A.cpu().long()
+    b = B.cpu().long().T if trans_b else B.cpu().long()
     return a @ b
 
 
-def random_inputs(M, N, K, dtype="float16", trans_a=False, trans_b=False, device="cuda", seed=None):
-    """Random A, B in their storage layouts (normal, scaled so that C has unit-order magnitude)."""
+def random_inputs(M, N, K, dtype="float16", trans_a=False, trans_b=False, device="cuda", seed=None, b_dtype=None):
+    """Random A, B in their storage layouts: floats normal, scaled so that C has unit-order magnitude; integers
+    uniform over their whole range (4-bit: packed by ``pack_int4``)."""
     import torch
 
     from mmaemit.dtypes import torch_dtype
@@ -171,12 +228,20 @@ def random_inputs(M, N, K, dtype="float16", trans_a=False, trans_b=False, device
     g = torch.Generator(device=device)
     if seed is not None:
         g.manual_seed(seed)
-    td = torch_dtype(dtype)
     a_shape = (K, M) if trans_a else (M, K)
     b_shape = (N, K) if trans_b else (K, N)
-    A = (torch.randn(a_shape, generator=g, device=device) / K ** 0.25).to(td)
-    B = (torch.randn(b_shape, generator=g, device=device) / K ** 0.25).to(td)
-    return A, B
+
+    def make(shape, dt):
+        if bits(dt) == 4:
+            lo = -8 if dt == "int4" else 0
+            return pack_int4(torch.randint(lo, lo + 16, shape, generator=g, device=device))
+        td = torch_dtype(dt)
+        if is_float(dt):
+            return (torch.randn(shape, generator=g, device=device) / K ** 0.25).to(td)
+        info = torch.iinfo(td)
+        return torch.randint(info.min, info.max + 1, shape, generator=g, device=device, dtype=td)
+
+    return make(a_shape, canonical(dtype)), make(b_shape, canonical(b_dtype or dtype))
 
 
 def main(argv=None):

@@ -180,13 +180,27 @@ class TensorCoreIntrinEmitter:
                     _ir.store(C_frag, v, (i, j, r))
 
     # ---- shared -> registers -------------------------------------------------------------------------------
+    @staticmethod
+    def _buffer_col(buf, elem_bits, col):
+        """Operand column ``col`` (in operand elements) as an index of ``buf``: a 4-bit operand may sit packed in a
+        uint8/int8 buffer (two per byte, half the columns). ldmatrix rows start on 16-byte boundaries, so the
+        division is exact."""
+        buf_bits = _dt.bits(str(buf.dtype))
+        if buf_bits == elem_bits:
+            return col
+        if elem_bits == 4 and buf_bits == 8:
+            return col // 2
+        raise UnsupportedConfigError(f"shared buffer {buf.name} of {buf.dtype} cannot hold {elem_bits}-bit operand "
+                                     f"elements; valid: the operand's dtype" + (", or uint8/int8 (packed 4-bit)"
+                                                                              if elem_bits == 4 else ""))
+
     def _ldmatrix(self, plan, frag, slot, operand, row0, col0, lane, layout):
         buf, lead, r_off, c_off = _ir.split_region(operand)
         if _ir.scope_of(buf) not in ("shared", "shared.dyn"):
             raise UnsupportedConfigError(f"ldmatrix reads shared memory; {buf.name} is in {_ir.scope_of(buf)!r} "
                                          f"(valid scopes: 'shared', 'shared.dyn')")
         r, c = plan.lane_address(lane)
-        idx = (*lead, r_off + row0 + r, c_off + col0 + c)
+        idx = (*lead, r_off + row0 + r, c_off + self._buffer_col(buf, plan.elem_bits, col0 + c))
         if layout is not None:
             idx = tuple(layout(*idx))
         instr = isa.matrix_move("ldmatrix", plan.num, plan.trans, arch=self.arch)
@@ -226,7 +240,7 @@ class TensorCoreIntrinEmitter:
             reg[name] = frag_slot(unit, r)
         for ld in plan.loads:
             k, mn = plan.lane_address(ld.index, lane)
-            idx = (*lead, r_off + row0 + k, c_off + col0 + mn)
+            idx = (*lead, r_off + row0 + k, c_off + self._buffer_col(buf, plan.elem_bits, col0 + mn))
             if layout is not None:
                 idx = tuple(layout(*idx))
             instr = isa.matrix_move("ldmatrix", ld.num, True, arch=self.arch)
@@ -246,6 +260,8 @@ class TensorCoreIntrinEmitter:
 
         ``A_shared``: a 2-D shared buffer, or a region/element naming the CTA tile's origin (``As[stage, 0:BM, 0:BK]``).
         ``layout``: the swizzle the tile was written with (``make_mma_swizzle_layout``), applied to full indices.
+        A 4-bit operand may sit in a uint8/int8 buffer, packed two per byte (element 2i in the low nibble of byte i;
+        buffer indices, regions and ``layout`` then count bytes).
         8/4-bit A stored [K, M]: per 16 (8-bit) or 32 (4-bit) rows one ``TransposedLoadPlan`` group (ldmatrix.trans,
         prmt, and for 4-bit shl/shr/lop3), rows permuted as ``c_row_perm`` says.
         """

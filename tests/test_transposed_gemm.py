@@ -1,0 +1,185 @@
+"""8-bit and 4-bit GEMMs with every operand major: SASS on the CPU (tensor-core MMA, LDSM, PRMT, no scalar shared
+loads); bit-exact results on a GPU.
+
+The SASS checks count the opcodes of the main-loop body (the backward branch of the K loop) of the example GEMM
+(128 x 128 CTA tile, 4 warps of 64 x 64, one K tile per iteration): per warp and K step 32 mma.sync, 8 ldmatrix.x4
+(``LDSM.16.MT88.4`` for each M/N-contiguous operand, 4 of them) and the register shuffles of the transposed loads.
+"""
+import collections
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from mmaemit.examples.gemm_fine_grained import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
+
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def _cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    import nvidia
+
+    for root in nvidia.__path__:
+        cand = os.path.join(root, "cu13", "bin", "cuobjdump")
+        if os.path.isfile(cand):
+            return cand
+    raise FileNotFoundError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+
+
+def _sass(func, arch):
+    """cuobjdump -sass of the kernel built with nvcc for ``arch`` (no GPU needed)."""
+    import tvm
+
+    tgt = tvm.target.Target({"kind": "cuda", "arch": arch})
+    with tgt:
+        src = tvm.compile(func, target=tgt, tir_pipeline="tirx").mod.imports[0].inspect_source()
+    with tempfile.TemporaryDirectory() as d:
+        cu, cubin = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
+        with open(cu, "w") as f:
+            f.write(src)
+        subprocess.run(["nvcc", "-O3", f"-arch={arch}", "-cubin", "-Xptxas", "-warn-spills", "-o", cubin, cu],
+                       check=True, capture_output=True, text=True)
+        return subprocess.run([_cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+
+
+def _opcodes(sass):
+    """[(address, full opcode)] of executed instructions (``@!PT`` padding dropped, predicates stripped)."""
+    out = []
+    for line in sass.splitlines():
+        m = _INSTR.match(line)
+        if not m or m.group(2).startswith("@!PT"):
+            continue
+        text = re.sub(r"^@!?U?P\w+\s+", "", m.group(2))
+        out.append((int(m.group(1), 16), text.split()[0], text))
+    return out
+
+
+def _loop_body(ops):
+    """Instructions of the last backward-branch loop (the K loop)."""
+    body = None
+    for addr, op, text in ops:
+        m = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if op.startswith("BRA") and m and int(m.group(1), 16) < addr:
+            body = [o for a, o, _ in ops if int(m.group(1), 16) <= a <= addr]
+    assert body, "no K loop found in the SASS"
+    return body
+
+
+def _by_base(opcodes):
+    return collections.Counter(o.split(".")[0] for o in opcodes)
+
+
+CASES = (
+    [("int8", "int8", lay, "sm_80") for lay in sorted(LAYOUTS)]
+    + [("int8", "uint8", "TN", "sm_80"), ("uint8", "int8", "NN", "sm_80"), ("uint8", "uint8", "TT", "sm_80")]
+    + [("float8_e4m3fn", "float8_e4m3fn", lay, "sm_89") for lay in sorted(LAYOUTS)]
+    + [("float8_e5m2", "float8_e5m2", "TN", "sm_89"), ("float8_e4m3fn", "float8_e5m2", "NN", "sm_89")]
+    + [("int4", "int4", lay, "sm_80") for lay in sorted(LAYOUTS)]
+    + [("uint4", "int4", "TN", "sm_80")]
+)
+
+
+@pytest.mark.parametrize("a, b, layout, arch", CASES, ids=["-".join(c) for c in CASES])
+def test_sass_tensor_core_ldmatrix_and_no_scalar_shared_loads(a, b, layout, arch):
+    ta, tb = LAYOUTS[layout]
+    four_bit = a in ("int4", "uint4")
+    func, em = make_gemm(256, 256, 1024, a, trans_a=ta, trans_b=tb, b_dtype=b, arch=arch,
+                         config=GemmConfig(block_k=64 if four_bit else 32))
+    transposed = int(ta) + int(not tb)       # operands stored M/N-contiguous
+    assert (em.c_row_perm is not None) == ta and (em.c_col_perm is not None) == (not tb)
+    ops = _opcodes(_sass(func, arch))
+    allops = [o for _, o, _ in ops]
+    loop = _loop_body(ops)
+    full, base = collections.Counter(loop), _by_base(loop)
+    mma = "QMMA.16832" if a.startswith("float8") else "IMMA.16864" if four_bit else "IMMA.16832"
+    assert sum(v for k, v in full.items() if k.startswith(mma)) == 32, full
+    assert full["LDSM.16.MT88.4"] == 4 * transposed and full["LDSM.16.M88.4"] == 4 * (2 - transposed), full
+    # the shuffles: per M/N-contiguous operand and warp 16 prmt (8-bit: 4 groups x 4; 4-bit: 2 groups x 8),
+    # for 4-bit also 16 lop3 and 16 shifts (ptxas writes shl as IMAD.SHL or SHF.L)
+    assert base["PRMT"] >= 16 * transposed, base
+    if four_bit:
+        assert base["LOP3"] >= 16 * transposed, base
+        shifts = sum(v for k, v in full.items() if k.startswith(("SHF.", "IMAD.SHL")))
+        assert shifts >= 16 * transposed, full
+    # no scalar (or any non-ldmatrix) shared loads in the K loop; elsewhere only the epilogue's 16-byte copies
+    assert not any(o.startswith("LDS") and not o.startswith("LDSM") for o in loop), full
+    narrow = sorted({o for o in allops if o.startswith("LDS") and not o.startswith("LDSM") and o != "LDS.128"})
+    assert narrow == [], narrow
+    assert "MOVM" not in base
+    print(f"\n{a} x {b} {layout} {arch} K-loop mix:", dict(sorted(base.items(), key=lambda kv: -kv[1])))
+
+
+LAYOUT_LIST = sorted(LAYOUTS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a, b", [("int8", "int8"), ("int8", "uint8"), ("uint8", "uint8")])
+@pytest.mark.parametrize("layout", LAYOUT_LIST)
+@pytest.mark.parametrize("epilogue", ["shared", "global"])
+def test_int8_gemm_bit_exact(a, b, layout, epilogue):
+    import torch
+
+    import mmaemit
+
+    M, N, K = 384, 256, 512
+    ta, tb = LAYOUTS[layout]
+    func, _ = make_gemm(M, N, K, a, trans_a=ta, trans_b=tb, b_dtype=b, config=GemmConfig(epilogue=epilogue))
+    kernel = mmaemit.compile(func)
+    A, B = random_inputs(M, N, K, a, ta, tb, seed=11, b_dtype=b)
+    C = torch.full((M, N), -0x5A5A5A5A, dtype=torch.int32, device="cuda")     # poison
+    kernel(A, B, C)
+    ref = reference(A, B, ta, tb)
+    assert torch.equal(C.cpu().long(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a, b", [("int4", "int4"), ("uint4", "int4")])
+@pytest.mark.parametrize("layout", LAYOUT_LIST)
+def test_int4_gemm_bit_exact(a, b, layout):
+    import torch
+
+    import mmaemit
+
+    M, N, K = 256, 256, 512
+    ta, tb = LAYOUTS[layout]
+    func, _ = make_gemm(M, N, K, a, trans_a=ta, trans_b=tb, b_dtype=b, config=GemmConfig(block_k=64))
+    kernel = mmaemit.compile(func)
+    A, B = random_inputs(M, N, K, a, ta, tb, seed=12, b_dtype=b)
+    C = torch.full((M, N), -0x5A5A5A5A, dtype=torch.int32, device="cuda")
+    kernel(A, B, C)
+    assert torch.equal(C.cpu().long(), reference(A, B, ta, tb, dtype=a, b_dtype=b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a, b", [("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e4m3fn")])
+@pytest.mark.parametrize("layout", LAYOUT_LIST)
+def test_fp8_gemm_matches_float64(a, b, layout):
+    """fp8 products are exact and the f32 sums carry 24 bits: compare against float64 with a tight bound."""
+    import torch
+
+    import mmaemit
+
+    M, N, K = 256, 256, 256
+    ta, tb = LAYOUTS[layout]
+    func, _ = make_gemm(M, N, K, a, trans_a=ta, trans_b=tb, b_dtype=b)
+    kernel = mmaemit.compile(func)
+    A, B = random_inputs(M, N, K, a, ta, tb, seed=13, b_dtype=b)
+    C = torch.full((M, N), float("nan"), dtype=torch.float32, device="cuda")
+    kernel(A, B, C)
+    a64 = A.double().T if ta else A.double()
+    b64 = B.double().T if tb else B.double()
+    ref = a64 @ b64
+    assert not torch.isnan(C).any()
+    err = (C.double() - ref).abs().max().item() / ref.abs().max().item()
+    assert err < 1e-5, err
+
+
+def test_layout_combinations_cover_every_major():
+    assert sorted(itertools.product([False, True], repeat=2)) == sorted(LAYOUTS.values())
