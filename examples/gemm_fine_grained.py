@@ -3,7 +3,8 @@
 Pipeline per CTA (one ``block_m x block_n`` tile of C):
 
 1. ``stages``-deep ``cp.async`` ring: every thread copies 16-byte chunks of the next A and B tiles from global into
-   swizzled shared memory (``make_mma_swizzle_layout``), one commit group per K tile.
+   swizzled shared memory (``emitter.shared_swizzle``: ``make_mma_swizzle_layout`` with the XOR bits that keep
+   the operand's ldmatrix phases conflict-free), one commit group per K tile.
 2. Inner loop per K tile: ``emitter.ldmatrix_a`` / ``ldmatrix_b`` (ldmatrix, .trans where the operand is
    M/N-contiguous; 8/4-bit M/N-contiguous operands add prmt (+ shl/shr/lop3) register shuffles) and
    ``emitter.mma`` (mma.sync; m16n8k16 for 16-bit, k32 for 8-bit, k64 for 4-bit) for each K step of the tile.
@@ -82,8 +83,8 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
     # shared tiles as stored: 4-bit operands packed in uint8 (the emitter reads packed tiles), others as their dtype
     (a_tile, a_sdtype, A_PACK), (b_tile, b_sdtype, B_PACK) = (_packed_operand(em.a_shared_shape, dtype),
                                                               _packed_operand(em.b_shared_shape, b_dtype))
-    swz_a = make_mma_swizzle_layout((S, *a_tile), a_sdtype)
-    swz_b = make_mma_swizzle_layout((S, *b_tile), b_sdtype)
+    swz_a = em.shared_swizzle("A", (S, *a_tile), a_sdtype)   # conflict-free for the operand's load pattern
+    swz_b = em.shared_swizzle("B", (S, *b_tile), b_sdtype)
     swz_c = make_mma_swizzle_layout((BM, BN), out_dtype)
     A_EPC, B_EPC = 128 // bits(a_sdtype), 128 // bits(b_sdtype)   # stored elements per 16-byte chunk
     A_CPR, B_CPR = a_tile[1] // A_EPC, b_tile[1] // B_EPC         # chunks per shared row

@@ -14,7 +14,7 @@ import pytest
 from mmaemit import TensorCoreIntrinEmitter
 from mmaemit.dtypes import bits
 from mmaemit.errors import UnsupportedConfigError
-from mmaemit.layouts import mma_fragment
+from mmaemit.layouts import make_mma_swizzle_layout, mma_fragment
 from mmaemit.layouts.transposed_load import TransposedLoadPlan
 from ptx_sim import run_plan
 
@@ -200,3 +200,13 @@ def test_permuted_layouts_reject_forced_stmatrix():
         chain.append(type(e))
         e = e.__cause__ or e.__context__
     assert UnsupportedConfigError in chain or "UnsupportedConfigError" in str(err.value), chain
+
+
+def test_shared_swizzle_follows_the_load_plan():
+    em = TensorCoreIntrinEmitter("int8", "int8", "int32", a_transposed=True, b_transposed=True, chunk=64)
+    a = em.shared_swizzle("A", (3, *em.a_shared_shape), "int8")      # [K, M] = [64, 128]: 128-B rows
+    b = em.shared_swizzle("B", (3, *em.b_shared_shape), "int8")      # [N, K]: K-contiguous, default scheme
+    assert a.row_bits == (0, 2, 3) and b.row_bits is None
+    assert em.a_plan.ldmatrix_conflicts(make_mma_swizzle_layout(em.a_shared_shape, "int8", row_bits=a.row_bits)) == 0
+    with pytest.raises(UnsupportedConfigError, match="'A', 'B'"):
+        em.shared_swizzle("C", (64, 128), "int8")

@@ -11,7 +11,7 @@ import pytest
 from mmaemit import isa
 from mmaemit.dtypes import bits as bits_of
 from mmaemit.errors import UnsupportedConfigError
-from mmaemit.layouts import mma_fragment
+from mmaemit.layouts import make_mma_swizzle_layout, mma_fragment
 from mmaemit.layouts.operand_load import operand_load_plan
 from mmaemit.layouts.transposed_load import TransposedLoadPlan, transposed_load_plan
 from ptx_sim import run_plan, sim_ldmatrix, sim_lop3, sim_movmatrix_trans, sim_prmt
@@ -137,3 +137,40 @@ def test_non_low_bit_operands_raise():
     with pytest.raises(UnsupportedConfigError, match="K-contiguous"):
         operand_load_plan(tf32, "A", k_contiguous=False)
     assert bits_of(f16.a_dtype) == 16
+
+
+@pytest.mark.parametrize("bits, k", [(8, 32), (8, 16), (4, 64), (4, 32)])
+@pytest.mark.parametrize("operand", ["A", "B"])
+def test_swizzle_row_bits_make_the_loads_conflict_free(bits, k, operand):
+    """The default row & 7 XOR conflicts on the plan's phases (rows 4 or 8 apart share bank groups); the chosen
+    row bits remove every conflict for rows of >= 64 B (8-bit) / >= 128 B (4-bit), halve them for 64-B 4-bit rows,
+    and keep cp.async row writes conflict-free."""
+    dt = "uint8" if bits == 8 else "int4"
+    ins = isa.select_mma(dt, dt, "int32", k=k)
+    plan = transposed_load_plan(ins, operand)
+    for row_bytes in (64, 128, 256):
+        shape = (2, 64, row_bytes * 8 // bits)
+        default = make_mma_swizzle_layout(shape[1:], dt)
+        row_bits = plan.swizzle_row_bits(row_bytes)
+        chosen = make_mma_swizzle_layout(shape, dt, row_bits=row_bits)
+        chosen.check()
+        assert chosen.cp_async_conflicts() == 0
+        c_default = plan.ldmatrix_conflicts(default)
+        c_chosen = plan.ldmatrix_conflicts(make_mma_swizzle_layout(shape[1:], dt, row_bits=row_bits))
+        assert c_default > 0
+        if bits == 4 and row_bytes == 64:
+            phases = len(plan.phase_rows()) * (64 // k) * (row_bytes // 16)
+            assert c_chosen == phases and c_default == 3 * phases    # 2-way instead of 4-way
+        else:
+            assert c_chosen == 0, (row_bytes, row_bits)
+
+
+def test_swizzle_row_bits_argument_is_checked():
+    with pytest.raises(UnsupportedConfigError, match="3 distinct"):
+        make_mma_swizzle_layout((64, 128), "int8", row_bits=(0, 2))
+    with pytest.raises(UnsupportedConfigError, match="3 distinct"):
+        make_mma_swizzle_layout((64, 128), "int8", row_bits=(0, 0, 3))
+    lay = make_mma_swizzle_layout((64, 128), "int8", row_bits=(0, 2, 3))
+    assert lay(5, 16) == (5, 32)            # row 5: bits 0, 2 set -> XOR 0b011 -> chunk 1 -> 2
+    assert lay(12, 0) == (12, 96)           # row 12: bits 2, 3 set -> XOR 0b110
+    assert "row bits [0, 2, 3]" in lay.describe()

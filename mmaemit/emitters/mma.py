@@ -30,6 +30,7 @@ from ..arch import as_arch
 from ..errors import TileShapeError, UnsupportedConfigError, choices
 from ..layouts.fragment import mma_fragment
 from ..layouts.operand_load import accumulator_store_plan, operand_load_plan
+from ..layouts.swizzle import make_mma_swizzle_layout
 from ..layouts.transposed_load import TransposedLoadPlan
 from . import _ir
 
@@ -180,6 +181,22 @@ class TensorCoreIntrinEmitter:
                     _ir.store(C_frag, v, (i, j, r))
 
     # ---- shared -> registers -------------------------------------------------------------------------------
+    def shared_swizzle(self, operand, buffer_or_shape, dtype=None):
+        """The bank-conflict-free ``make_mma_swizzle_layout`` for operand ``"A"`` / ``"B"``'s shared tile.
+
+        K-contiguous and 16-bit tiles get the default scheme. An M/N-contiguous 8/4-bit tile is read by
+        ``TransposedLoadPlan`` phases of non-consecutive rows, so its XOR takes the rows' varying bits instead
+        (``TransposedLoadPlan.swizzle_row_bits``): conflict-free for 64/128-byte+ (8-bit) and 128-byte+ (4-bit)
+        rows; with the default scheme those loads would be 2-way (8-bit) / 4-way (4-bit) conflicted.
+        """
+        if operand not in ("A", "B"):
+            raise UnsupportedConfigError(f"operand must be one of {choices(['A', 'B'])}, not {operand!r}")
+        layout = make_mma_swizzle_layout(buffer_or_shape, dtype)
+        plan = self.a_plan if operand == "A" else self.b_plan
+        if not isinstance(plan, TransposedLoadPlan):
+            return layout
+        return make_mma_swizzle_layout(buffer_or_shape, dtype, row_bits=plan.swizzle_row_bits(layout.row_bytes))
+
     @staticmethod
     def _buffer_col(buf, elem_bits, col):
         """Operand column ``col`` (in operand elements) as an index of ``buf``: a 4-bit operand may sit packed in a

@@ -22,6 +22,10 @@ For ``R`` equal to the swizzle span this is CuTe's ``Swizzle<b, 4, 3>`` on byte 
 row-based, not address-based (it differs from CuTe there, and it is what makes 96/160/192/224-B rows work).
 
 The maps use only ``^ & >>  <<`` on the indices, so they work on ints, numpy arrays and TVM PrimExprs.
+
+``row_bits`` (optional) replaces ``(r >> (3 - b)) & (2^b - 1)`` by the row bits listed (bit ``i`` of the XOR value is
+bit ``row_bits[i]`` of the row): still a permutation of every row's chunks (so bijective, and cp.async rows stay
+conflict-free), for loads whose 8 rows per phase are not 8 consecutive rows (``TransposedLoadPlan``).
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ class SwizzleLayout:
     within a row). Applies to the last two dims (row, col); leading dims (e.g. pipeline stage) pass through.
 
     ``shape``: the buffer shape (>= 2 dims, rows a multiple of 8, ``row_bytes`` a multiple of 16);
-    ``dtype``: canonical element type (4- to 64-bit); ``swizzle_bytes``: 0 (identity), 32, 64 or 128.
+    ``dtype``: canonical element type (4- to 64-bit); ``swizzle_bytes``: 0 (identity), 32, 64 or 128;
+    ``row_bits``: None (the scheme above) or one row-bit index per XOR bit (``log2(swizzle_bytes / 16)`` of them).
     Assumes the buffer starts 128-byte aligned.
     """
 
@@ -51,6 +56,7 @@ class SwizzleLayout:
     dtype: str
     row_bytes: int
     swizzle_bytes: int
+    row_bits: tuple = None
     elem_bits: int = field(init=False, repr=False)
     elems_per_chunk: int = field(init=False, repr=False)
     _row_shift: int = field(init=False, repr=False)
@@ -74,6 +80,13 @@ class SwizzleLayout:
         object.__setattr__(self, "_row_shift", 3 - b)
         object.__setattr__(self, "_mask", (1 << b) - 1)
         object.__setattr__(self, "_col_shift", epc.bit_length() - 1)
+        if self.row_bits is not None:
+            rb = tuple(int(x) for x in self.row_bits)
+            if len(rb) != b or len(set(rb)) != b or any(x < 0 for x in rb):
+                raise UnsupportedConfigError(
+                    f"row_bits={self.row_bits!r}: a {self.swizzle_bytes}-B swizzle XORs {b} chunk bit(s), so give {b} "
+                    f"distinct non-negative row-bit indices (default: {tuple(range(3 - b, 3))})")
+            object.__setattr__(self, "row_bits", rb)
 
     # -- geometry ---------------------------------------------------------------------------------------------------
     @property
@@ -102,7 +115,16 @@ class SwizzleLayout:
         if self.swizzle_bytes == 0:
             return tuple(indices)
         *lead, r, c = indices
-        return (*lead, r, c ^ (((r >> self._row_shift) & self._mask) << self._col_shift))
+        return (*lead, r, c ^ (self._xor_of_row(r) << self._col_shift))
+
+    def _xor_of_row(self, r):
+        if self.row_bits is None:
+            return (r >> self._row_shift) & self._mask
+        x = None
+        for i, bit in enumerate(self.row_bits):
+            term = ((r >> bit) & 1) << i if i else (r >> bit) & 1
+            x = term if x is None else x | term
+        return x
 
     def inverse(self, *indices) -> tuple:
         """Physical -> logical index (the XOR is an involution and rows stay put, so this is the same map)."""
@@ -120,8 +142,10 @@ class SwizzleLayout:
         if self.swizzle_bytes == 0:
             return f"identity ({self.row_bytes}-B rows)"
         b = self._mask.bit_length()
-        return (f"{self.swizzle_bytes}-B XOR swizzle of {self.row_bytes}-B rows: chunk ^= (row >> {self._row_shift})"
-                f" & {self._mask}  (16-B chunks, {b} bit{'s' if b > 1 else ''})")
+        key = (f"row bits {list(self.row_bits)}" if self.row_bits is not None
+               else f"(row >> {self._row_shift}) & {self._mask}")
+        return (f"{self.swizzle_bytes}-B XOR swizzle of {self.row_bytes}-B rows: chunk ^= {key}  (16-B chunks, {b} "
+                f"bit{'s' if b > 1 else ''})")
 
     # -- proofs -----------------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -240,18 +264,19 @@ def _check_swizzle_bytes(swizzle_bytes, row_bytes) -> None:
             f"{', '.join(map(str, valid))} (None = automatic, {auto_swizzle_bytes(row_bytes)} here)")
 
 
-def make_mma_swizzle_layout(buffer_or_shape, dtype=None, *, swizzle_bytes=None) -> SwizzleLayout:
+def make_mma_swizzle_layout(buffer_or_shape, dtype=None, *, swizzle_bytes=None, row_bits=None) -> SwizzleLayout:
     """A bank-conflict-free swizzle for a shared-memory tile read by ldmatrix/stmatrix and filled by cp.async.
 
     ``buffer_or_shape``: a TVM Buffer (shape and dtype read from it) or a shape tuple (then ``dtype`` is required);
     the last two dims are (row, col) and leading dims pass through. Rows must hold a multiple of 16 bytes
     (``shape[-1] * bits / 8``; int4 counts half a byte per element) and there must be a multiple of 8 rows.
     ``swizzle_bytes``: None picks the conflict-free one for the row size (see the module doc); 0, 32, 64 or 128
-    force a scheme (it must divide the row size).
+    force a scheme (it must divide the row size). ``row_bits``: which row bits form the XOR value (see the module
+    doc; ``TensorCoreIntrinEmitter.shared_swizzle`` picks them for M/N-contiguous 8/4-bit operand tiles).
     """
     shape, dt = _shape_and_dtype(buffer_or_shape, dtype)
     row_bytes = _row_bytes(shape, dt)
     if swizzle_bytes is None:
         swizzle_bytes = auto_swizzle_bytes(row_bytes)
     _check_swizzle_bytes(swizzle_bytes, row_bytes)
-    return SwizzleLayout(shape, dt, row_bytes, int(swizzle_bytes))
+    return SwizzleLayout(shape, dt, row_bytes, int(swizzle_bytes), None if row_bits is None else tuple(row_bits))

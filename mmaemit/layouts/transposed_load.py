@@ -27,11 +27,14 @@ is exact; whoever writes the accumulators must place them with the permutation (
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from .. import dtypes as _dt
 from ..errors import UnsupportedConfigError, choices
 from ..isa import MmaInstr
+from .banks import phase_wavefronts
+from .swizzle import CHUNK_BYTES, auto_swizzle_bytes, make_mma_swizzle_layout
 
 NIBBLE_MASK = 0x0F0F0F0F
 LUT_SELECT = 0xE4  # lop3: (a & c) | (b & ~c)  (F(0xF0, 0xCC, 0xAA) = 0xE4)
@@ -120,6 +123,52 @@ class TransposedLoadPlan:
         num = self.loads[step].num
         q = (lane // 8) % num
         return self.k_row(step, q, lane % 8), 0
+
+    def phase_rows(self) -> tuple:
+        """The k offsets of the 8 rows of every matrix of every load (one ldmatrix phase each)."""
+        return tuple(tuple(self.k_row(ld.index, q, r) for r in range(8)) for ld in self.loads for q in range(ld.num))
+
+    def ldmatrix_conflicts(self, layout) -> int:
+        """Extra shared-memory wavefronts of this plan's ldmatrix phases on a tile stored with ``layout`` (a 2-D
+        ``SwizzleLayout`` whose rows are k), summed over every load group position (each 16-byte chunk of a row)
+        and every K step inside one 64-row window, with the ``banks`` model."""
+        rows, chunks = layout.rows, layout.row_bytes // CHUNK_BYTES
+        extra = 0
+        for k0 in range(0, min(rows, 64) - self.k + 1, self.k):
+            for chunk in range(chunks):
+                col = chunk * layout.elems_per_chunk
+                for phase in self.phase_rows():
+                    addrs = [layout.byte_offset(k0 + k, col) for k in phase]
+                    extra += phase_wavefronts(addrs, CHUNK_BYTES) - 1
+        return extra
+
+    def swizzle_row_bits(self, row_bytes: int):
+        """``row_bits`` for ``make_mma_swizzle_layout`` that make this plan's loads from a tile with ``row_bytes``-byte
+        rows conflict-free, or the least conflicted choice where none is (None: the default scheme is as good).
+
+        A phase reads rows whose k differ in three bits (8-bit: bits 0, 2, 3; 4-bit: bits 1, 3, 4), not 8
+        consecutive rows, so the default ``row & 7`` XOR maps two (8-bit) or four (4-bit) of them to one bank group.
+        Found by enumerating bit choices with the bank model. Rows of 64 bytes leave a 4-bit plan 2-way conflicted
+        whatever the XOR (its 8 rows have one parity, i.e. one half of the 128-byte bank window); 128-byte rows
+        (a 256-wide 4-bit or 128-wide 8-bit tile) are conflict-free.
+        """
+        width = auto_swizzle_bytes(row_bytes) // CHUNK_BYTES
+        if width <= 1:
+            return None
+        b = width.bit_length() - 1
+        rows = 64
+        cols = row_bytes * 8 // self.elem_bits
+        dtype = "uint8" if self.elem_bits == 8 else "int4"
+
+        def cost(bits_):
+            return self.ldmatrix_conflicts(make_mma_swizzle_layout((rows, cols), dtype, row_bits=bits_))
+
+        best, best_cost = None, cost(None)
+        for cand in itertools.combinations(range(6), b):
+            c = cost(cand)
+            if c < best_cost:
+                best, best_cost = cand, c
+        return best
 
     @property
     def temps(self) -> tuple:
