@@ -34,7 +34,7 @@ def _cuobjdump():
 
 
 def _sass(func, arch):
-    """cuobjdump -sass of the kernel built with nvcc for ``arch`` (no GPU needed)."""
+    """(cuobjdump -sass, ptxas -v report) of the kernel built with nvcc for ``arch`` (no GPU needed)."""
     import tvm
 
     tgt = tvm.target.Target({"kind": "cuda", "arch": arch})
@@ -44,9 +44,10 @@ def _sass(func, arch):
         cu, cubin = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
         with open(cu, "w") as f:
             f.write(src)
-        subprocess.run(["nvcc", "-O3", f"-arch={arch}", "-cubin", "-Xptxas", "-warn-spills", "-o", cubin, cu],
-                       check=True, capture_output=True, text=True)
-        return subprocess.run([_cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        log = subprocess.run(["nvcc", "-O3", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", cubin, cu],
+                             check=True, capture_output=True, text=True).stderr
+        sass = subprocess.run([_cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        return sass, log
 
 
 def _opcodes(sass):
@@ -94,7 +95,9 @@ def test_sass_tensor_core_ldmatrix_and_no_scalar_shared_loads(a, b, layout, arch
                          config=GemmConfig(block_k=64 if four_bit else 32))
     transposed = int(ta) + int(not tb)       # operands stored M/N-contiguous
     assert (em.c_row_perm is not None) == ta and (em.c_col_perm is not None) == (not tb)
-    ops = _opcodes(_sass(func, arch))
+    sass, log = _sass(func, arch)
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
+    ops = _opcodes(sass)
     allops = [o for _, o, _ in ops]
     loop = _loop_body(ops)
     full, base = collections.Counter(loop), _by_base(loop)

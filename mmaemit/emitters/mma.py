@@ -57,6 +57,9 @@ class TensorCoreIntrinEmitter:
         warp_order: "m_fast" (warp id = warp_m + block_row_warps * warp_n) or "n_fast".
         arch: target arch; checks the instruction exists there and enables PTX stmatrix on sm_90+.
         satfinite: clamp integer accumulators (``.satfinite``) instead of wrapping.
+
+    ``shared_swizzle(operand, shape, dtype)`` gives the conflict-free shared layout for each operand tile (it differs
+    from the default for M/N-contiguous 8/4-bit operands).
     """
 
     def __init__(self, a_dtype="float16", b_dtype="float16", accum_dtype="float32", a_transposed=False,
@@ -568,7 +571,8 @@ class TensorCoreIntrinEmitter:
         """Sum the ``reduce_k`` groups' partial accumulators into group 0 (``warp_k == 0``); all warps must call it.
 
         Groups 1.. write their registers to ``scratch`` (shape ``reduce_scratch_shape``, lane-contiguous so the
-        stores and loads are conflict-free), one ``bar.sync``, then group 0 adds them in group order. float32: fp32
+        stores and loads are conflict-free), one ``bar.sync``, then group 0 adds them in group order. The sum is
+        register by register: every group holds the same (m, n) in the same register, permuted or not. float32: fp32
         adds; float16: ``add.f16x2``; int32: wrapping 32-bit adds (as the mma's own accumulation).
         """
         from tvm.script import tirx as T
