@@ -36,7 +36,7 @@ class Arch:
         An arch-specific minimum ("sm_90a") needs the same suffix and the same major version: sm_90a features do not
         exist on sm_100 (PTX ISA: arch-specific features are not forward compatible).
         """
-        need = as_arch(min_arch)
+        need = min_arch if isinstance(min_arch, Arch) else _parse(str(min_arch))
         if need.suffix:
             return self.suffix == need.suffix and self.number // 10 == need.number // 10 and self.number >= need.number
         return self.number >= need.number
@@ -56,14 +56,18 @@ def as_arch(value) -> Arch:
         if arch is None:
             raise ArchError(f"cannot read a CUDA arch from {value!r}; pass one of {choices(KNOWN_ARCHS)}")
         value = str(arch)
+    arch = _parse(value)
+    if arch.number < 80:
+        raise ArchError(f"arch {value!r} is below sm_80; mmaemit needs mma.sync m16n8k16 (sm_80+): "
+                        f"choose one of {choices(KNOWN_ARCHS)}")
+    return arch
+
+
+def _parse(value: str) -> Arch:
     m = _ARCH_RE.match(value.strip())
     if not m:
         raise ArchError(f"unknown CUDA arch {value!r}; expected one of {choices(KNOWN_ARCHS)}")
-    number, suffix = int(m.group(1)), m.group(2)
-    if number < 80:
-        raise ArchError(f"arch {value!r} is below sm_80; mmaemit needs mma.sync m16n8k16 (sm_80+): "
-                        f"choose one of {choices(KNOWN_ARCHS)}")
-    return Arch(number, suffix)
+    return Arch(int(m.group(1)), m.group(2))
 
 
 def device_arch(device_index: int = 0) -> Arch:
