@@ -177,3 +177,37 @@ def symbolic_shapes():
             C[0, 0] = A[0, 0] * alpha + B[0, 0]
 
     return symbolic_shapes
+
+
+def declared_strides():
+    """A[4, 8] declared with strides (s, 1) (tvm 0.27 still indexes it as compact), C[4, 8] = A."""
+    s = tvm.tirx.Var("s", "int32")
+
+    @T.prim_func
+    def declared_strides(A: T.Buffer((4, 8), "float32", strides=(s, 1)), C: T.Buffer((4, 8), "float32")):
+        T.device_entry()
+        bx = T.cta_id([1])
+        warp = T.warp_id([1])
+        lane = T.lane_id([32])
+        C[lane // 8, lane % 8] = A[lane // 8, lane % 8]
+
+    return declared_strides
+
+
+def legacy_mma():
+    """One ``T.ptx_legacy.mma`` f16 x f16 -> f32 m16n8k16 on (uninitialised) local fragments: only scanned."""
+
+    @T.prim_func
+    def legacy_mma(C: T.Buffer((16, 8), "float32")):
+        T.device_entry()
+        bx = T.cta_id([1])
+        warp = T.warp_id([1])
+        lane = T.lane_id([32])
+        a = T.alloc_local((8,), "float16")
+        b = T.alloc_local((4,), "float16")
+        c = T.alloc_local((4,), "float32")
+        T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32", a.data, 0, b.data, 0, c.data, 0, False,
+                         dtype="float32")
+        C[0, 0] = c[0]
+
+    return legacy_mma

@@ -267,11 +267,12 @@ class Kernel:
                 raise ArgumentError(f"argument {p.name!r} must have dtype {want}, got {a.dtype}")
             if p.const_shape is None or a.shape != p.const_shape:  # fast path: a fully static shape that matches
                 self._check_dims(p, a.shape, "shape", env, where)
-            if p.strides is None:
-                if not a.is_contiguous():
-                    raise ArgumentError(f"argument {p.name!r} must be contiguous (row-major), got strides "
-                                        f"{tuple(a.stride())}; pass .contiguous()")
-            else:
+            # contiguous even where the buffer declares strides: tvm 0.27's tirx codegen indexes parameters as compact
+            # arrays whatever strides they declare, so a strided view would be read wrongly
+            if not a.is_contiguous():
+                raise ArgumentError(f"argument {p.name!r} must be contiguous (row-major), got strides "
+                                    f"{tuple(a.stride())}; pass .contiguous()")
+            if p.strides is not None:
                 self._check_dims(p, a.stride(), "strides", env, where)
             if a.data_ptr() % ALIGNMENT_BYTES:
                 raise ArgumentError(f"argument {p.name!r}: data pointer must be {ALIGNMENT_BYTES}-byte aligned, "
