@@ -13,7 +13,8 @@ import importlib
 
 from . import isa
 from .arch import Arch, as_arch
-from .errors import ArchError, ArgumentError, MmaemitError, TileShapeError, UnsupportedConfigError
+from .errors import (ArchError, ArgumentError, LayoutError, MmaemitError, PerformanceWarning, TileShapeError,
+                     ToolchainError, UnsupportedConfigError)
 
 __version__ = "0.1.0"
 
@@ -26,7 +27,7 @@ _LAZY = {
 }
 
 __all__ = ["isa", "Arch", "as_arch", "MmaemitError", "ArchError", "ArgumentError", "TileShapeError",
-           "UnsupportedConfigError", *_LAZY]
+           "UnsupportedConfigError", "LayoutError", "ToolchainError", "PerformanceWarning", *_LAZY]
 
 
 def __getattr__(name):
