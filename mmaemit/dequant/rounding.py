@@ -64,3 +64,21 @@ def round_torch(x, dtype):
     t = torch.where(over, torch.nextafter(t, torch.zeros_like(t)), t)
     bits = t.view(torch.int32) | inexact.to(torch.int32)
     return bits.view(torch.float32).to(getattr(torch, name))
+
+
+def round_sum_torch(a, b, dtype):
+    """Correctly rounded ``a + b`` (float64 torch tensors holding exact values) in ``dtype``: the float64 sum is
+    corrected by its exact TwoSum error through round-to-odd, so a tiny addend is never lost to a double rounding
+    (bf16: 13 * 29 + 2^-133 must give 378, not 376)."""
+    import torch
+
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    s = a + b
+    bp = s - a
+    err = (a - (s - bp)) + (b - bp)
+    err = torch.where(torch.isfinite(s), err, torch.zeros_like(err))
+    inexact = err != 0
+    toward_zero = inexact & (torch.sign(err) != torch.sign(s))
+    trunc = torch.where(toward_zero, torch.nextafter(s, torch.zeros_like(s)), s)
+    odd = trunc.view(torch.int64) | inexact.to(torch.int64)
+    return round_torch(odd.view(torch.float64), dtype)
