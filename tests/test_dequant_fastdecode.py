@@ -12,7 +12,8 @@ from mmaemit.dequant import fastdecode_reference as fd
 from mmaemit.errors import ArgumentError, UnsupportedConfigError
 
 NP = {"float16": np.float16, "bfloat16": md.bfloat16}
-CASES = [(f, d, m) for (f, d), modes in sorted(fd.FAST_PATHS.items()) for m in modes]
+CASES = [(f, d, m, "shift") for (f, d), modes in sorted(fd.FAST_PATHS.items()) for m in modes] + \
+        [(f, "float16", m, "marlin") for f in ("uint4", "int4", "int4_ob") for m in fd.fast_path_modes(f, "float16")]
 
 
 def _words(codes, bits):
@@ -40,10 +41,10 @@ def _bits_of(x, dtype):
     return np.asarray(x).view(np.uint16)
 
 
-@pytest.mark.parametrize("fmt,dtype,mode", CASES)
-def test_fast_decode_equals_reference_for_every_code(fmt, dtype, mode):
+@pytest.mark.parametrize("fmt,dtype,mode,variant", CASES)
+def test_fast_decode_equals_reference_for_every_code(fmt, dtype, mode, variant):
     f = get_format(fmt)
-    rng = np.random.default_rng(abs(hash((fmt, dtype, mode))) % 2**32)
+    rng = np.random.default_rng(sum(map(ord, fmt + dtype + mode + variant)))
     q, zq = _exhaustive_codes(f.bits, mode == "quantized")
     shape = q.shape
     # scales of both signs over a wide exponent range (exercises rounding of the final fma)
@@ -62,7 +63,7 @@ def test_fast_decode_equals_reference_for_every_code(fmt, dtype, mode):
     elif mode == "quantized":
         kw, zref = {"zero": zq}, pack_zeros(torch.from_numpy(zq.astype(np.uint8)), f.bits, "int32")
     words = _words(q, f.bits) if f.bits < 8 else pack(q.astype(np.uint8), 8, storage="int32")[:, 0].view(np.uint32)
-    got = fd.fast_decode(words, fmt, dtype, mode, scale=None if mode == "none" else scale, **kw)
+    got = fd.fast_decode(words, fmt, dtype, mode, scale=None if mode == "none" else scale, variant=variant, **kw)
     # the reference: per-element scales/zeros = group size 1
     scheme = QuantScheme(fmt, None if mode == "none" else 1, None if mode in ("none", "scale") else mode)
     ref = dequantize_codes(torch.from_numpy(q.astype(np.uint8)), scheme,
@@ -92,6 +93,10 @@ def test_no_fast_path_raises_naming_valid_ones():
         fd.fast_decode(np.zeros(4, np.uint32), "uint8", "bfloat16")
     with pytest.raises(UnsupportedConfigError):
         fd.fast_decode(np.zeros(4, np.uint32), "int4", "float16", "quantized", scale=1.0, zero=0)
+    with pytest.raises(UnsupportedConfigError, match="uint4, int4, int4_ob"):
+        fd.fast_decode(np.zeros(4, np.uint32), "uint4", "bfloat16", variant="marlin")
+    with pytest.raises(UnsupportedConfigError, match="marlin"):
+        fd.fast_decode(np.zeros(4, np.uint32), "uint4", "float16", variant="lut")
     with pytest.raises(ArgumentError, match="needs scale"):
         fd.fast_decode(np.zeros(4, np.uint32), "uint4", "float16", "scale")
     with pytest.raises(ArgumentError, match="zero"):

@@ -27,6 +27,10 @@ Decode of pair i (elements 2i, 2i+1 -> one f16x2 / bf16x2 register), MAGIC = 0x6
                                (MAGIC + q) + -(MAGIC + z) = q - z exactly in ONE add, no MAGIC subtract
     e5m2 (f16):    h = prmt(word, 0, 0x1404 / 0x3424)   (byte -> high byte of each half: fp16 == e5m2 << 8)
 
+Cost per 32-bit word (before scaling): b = 4 shift variant: 3 SHR + 4 LOP3 + 4 HSUB2; ``variant="marlin"`` (4-bit,
+f16): 1 SHR + 4 LOP3 + 2 HSUB2 + 2 HFMA2; b = 8: 2 PRMT + 2 HSUB2 (+1 LOP3 for two's complement); b = 2 / 1: 7 / 15
+SHR + 8 / 16 LOP3 + 8 / 16 HSUB2 (int1: + 16 HFMA2). Scales add one HFMA2 per register, "original" one HSUB2 more.
+
 Precision rule: the exact subtract (q - z, or the MAGIC removal) always happens *before* the scale multiply. Folding
 the magic into the scale, ``fma(x, S, -(MAGIC + z) * S)``, rounds the constant -(1024 + z) S to fp16 and is off by up
 to half a quantization step (a test demonstrates it).
@@ -46,7 +50,7 @@ from ..errors import ArgumentError, UnsupportedConfigError, choices
 from .formats import get_format
 from .rounding import half_name, round_np
 
-__all__ = ["FAST_PATHS", "MAGIC", "NEG_MAGIC", "fast_path_modes", "fast_decode", "lop3", "prmt", "shr",
+__all__ = ["FAST_PATHS", "VARIANTS", "MAGIC", "NEG_MAGIC", "fast_path_modes", "fast_decode", "lop3", "prmt", "shr",
            "add2", "sub2", "fma2", "pack2", "split2"]
 
 MAGIC = {"float16": 0x6400, "bfloat16": 0x4300}
@@ -192,12 +196,23 @@ def _pair_operand(vals, i, dtype):
     return pack2(vals[..., 2 * i], vals[..., 2 * i + 1], dtype)
 
 
-def fast_decode(words, fmt, out_dtype="float16", mode="none", scale=None, zero=None) -> np.ndarray:
+#: variants of the decode: "shift" (one shift per pair, every format above) and "marlin" (4-bit -> f16 only)
+VARIANTS = ("shift", "marlin")
+
+
+def fast_decode(words, fmt, out_dtype="float16", mode="none", scale=None, zero=None,
+                variant="shift") -> np.ndarray:
     """Decode interleaved 32-bit ``words`` [...] to values [..., 32/b] of ``out_dtype`` with the fast path.
 
     ``scale`` / ``zero``: arrays broadcastable to [..., 32/b] of per-element operands (each f16x2 register may hold
     two different values): ``scale`` in ``out_dtype``; ``zero`` in ``out_dtype`` for "original" / "rescale", or
     integer zero codes in [0, 2^b) for "quantized". Raises UnsupportedConfigError where no fast path exists.
+
+    ``variant="marlin"`` (4-bit formats, float16 only): Marlin's two-mask decode on the same interleaved word, one
+    shift per 8 values instead of three. Pairs 1 and 3 are taken in place at bits 4..7 / 20..23, giving
+    1024 + 16q, then scaled back exactly: ``h = fma(x, 1/16, -64)`` (= q; -72 for the signed formats, since
+    (1024 + 16q)/16 - 72 = q - 8), and in "quantized" mode ``fma(x, 1/16, -(64 + z))`` (= q - z; the constant is
+    ``0xD400 | z << 4``). Pairs 0 and 2 decode as in the shift variant (on ``word`` and ``word >> 8``).
     """
     fmt = get_format(fmt)
     dtype = half_name(out_dtype)
@@ -207,6 +222,11 @@ def fast_decode(words, fmt, out_dtype="float16", mode="none", scale=None, zero=N
         raise UnsupportedConfigError(
             f"no fast decode for {fmt.name} -> {dtype} in mode {mode!r} (modes here: {choices(modes) or 'none'}); "
             f"formats with a fast path: {', '.join(valid)}")
+    if variant not in VARIANTS:
+        raise UnsupportedConfigError(f"variant {variant!r} is unknown; valid: {choices(VARIANTS)}")
+    if variant == "marlin" and (fmt.bits != 4 or dtype != "float16"):
+        raise UnsupportedConfigError(f"the marlin variant exists for 4-bit formats -> float16 only (the bf16 magic "
+                                     f"has no room for a nibble at bits 4..7); valid formats: uint4, int4, int4_ob")
     words = np.asarray(words)
     if not np.issubdtype(words.dtype, np.integer):
         raise ArgumentError(f"words must be 32-bit integers, got {words.dtype}")
@@ -230,10 +250,10 @@ def fast_decode(words, fmt, out_dtype="float16", mode="none", scale=None, zero=N
             zero = np.broadcast_to(np.asarray(zero).astype(_NP[dtype]), shape)
 
     with np.errstate(invalid="ignore", over="ignore"):  # e5m2 inf/NaN flow through the arithmetic on purpose
-        return _decode(words, fmt, dtype, mode, scale, zero, shape)
+        return _decode(words, fmt, dtype, mode, scale, zero, shape, variant == "marlin")
 
 
-def _decode(words, fmt, dtype, mode, scale, zero, shape):
+def _decode(words, fmt, dtype, mode, scale, zero, shape, marlin=False):
     b = fmt.bits
     e_count = shape[-1]
     magic, neg_magic = MAGIC[dtype], NEG_MAGIC[dtype]
@@ -250,10 +270,24 @@ def _decode(words, fmt, dtype, mode, scale, zero, shape):
             c, lut = _const2(magic | (1 << (b - 1))), 0x6A   # (a & b) ^ c flips the sign bit: q ^ 2^(b-1)
         else:
             c, lut = _const2(magic), 0xEA                    # (a & b) | c
-        regs = [lop3(shr(words, b * i), mask, c, lut) for i in range(e_count // 2)]
+        if marlin:
+            hi_c = _const2(magic | 0x80) if fmt.storage == "twos_complement" else _const2(magic)
+            upper = shr(words, 8)
+            regs = [lop3(words, mask, c, lut), lop3(words, mask << np.uint32(4), hi_c, lut),
+                    lop3(upper, mask, c, lut), lop3(upper, mask << np.uint32(4), hi_c, lut)]
+        else:
+            regs = [lop3(shr(words, b * i), mask, c, lut) for i in range(e_count // 2)]
     for i, x in enumerate(regs):
         if fmt.name == "float8_e5m2":
             h = x
+        elif marlin and i % 2 == 1:                            # x = 1024 + 16q: rescale by 1/16 exactly
+            sixteenth = pack2(1.0 / 16, 1.0 / 16, dtype)
+            if mode == "quantized":
+                zc = [np.uint32(0xD400) | (zero[..., 2 * i + j].astype(np.uint32) << np.uint32(4)) for j in (0, 1)]
+                h = fma2(x, sixteenth, zc[0] | (zc[1] << np.uint32(16)), dtype)   # -(64 + z)
+            else:
+                h = fma2(x, sixteenth, pack2(-72.0 if fmt.signed else -64.0, -72.0 if fmt.signed else -64.0,
+                                             dtype), dtype)
         elif mode == "quantized":
             zreg = (np.uint32(neg_magic) | zero[..., 2 * i].astype(np.uint32)) | \
                    ((np.uint32(neg_magic) | zero[..., 2 * i + 1].astype(np.uint32)) << np.uint32(16))
