@@ -13,7 +13,8 @@ Decode of pair i (elements 2i, 2i+1 -> one f16x2 / bf16x2 register), MAGIC = 0x6
 [1024, 2048), fields up to 10 bits) or 0x4300 (bf16 128.0, spacing 1 in [128, 256), fields up to 7 bits)::
 
     b in {1,2,4}:  x = lop3(word >> (b*i), M_b, MAGIC2, 0xEA)          # (a & b) | c  -> MAGIC + q
-                   two's complement: lop3(word >> (b*i), M_b, MAGIC2 | SIGN_b, 0x6A)   # (a & b) ^ c -> MAGIC + (q ^ 2^(b-1))
+                   two's complement: lop3(word >> (b*i), M_b, MAGIC2 | SIGN_b, 0x6A)
+                                     # (a & b) ^ c -> MAGIC + (q ^ 2^(b-1))
     b = 8 (f16):   x = prmt(word', 0x64646464, 0x4140 / 0x4342)       # {0x64, byte} per half -> 1024 + q
                    two's complement: word' = word ^ 0x80808080 (one lop3 per word), else word' = word
     then           unsigned:              h = x - MAGIC2                  (= q, exact)

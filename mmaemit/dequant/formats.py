@@ -25,8 +25,8 @@ nvfp4                4     elements are float4_e2m1fn; one float8_e4m3fn scale p
 
 Signed zero: float formats keep it (code 0x80 of e4m3 decodes to -0.0). ``encode`` saturates: finite values beyond
 the largest magnitude become +-max; +-inf becomes +-inf where the format has it (e5m2) and +-max elsewhere; NaN
-becomes the format's NaN code (formats without NaN reject it). Ties go to the even code (for the float formats that is round-to-nearest-even); integer formats round half to
-even and clamp.
+becomes the format's NaN code (formats without NaN reject it). Ties go to the even code (for the float formats
+that is round-to-nearest-even); integer formats round half to even and clamp.
 """
 from __future__ import annotations
 

@@ -35,6 +35,9 @@ Layout of the whole weight: ``words[nb, kb, l]`` (int32, shape [N/BN, K/BK, 32])
 rows ``nb*BN ..`` and columns ``kb*BK ..``; the 32 words of a block are contiguous (one coalesced 128-byte warp load).
 Inside a word, decode-order slot e sits at the interleaved bit offset of :mod:`.interleave` (so decode pair i is
 register i with no further shuffling). :func:`pack_for_mma` builds it, :func:`unpack_from_mma` inverts it.
+
+Scales/zeros: both halves of a register share n and hold k, k+1 (same group whenever g is even), so register i of
+lane l takes one broadcast pair {S, S} with S = scales[nb*BN + n_off, gi(kb*BK + k_off)] of its slot e = 2i.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ documented formats, no upstream code).
 
 GPTQ (AutoGPTQ ``QuantLinear``, GPTQModel), bits in {2, 4, 8}:
 
-* ``qweight`` int32 [K*b/32, N]: packed along K, code of (k, n) at bits ``b*(k % (32/b))`` of ``qweight[k // (32/b), n]``
+* ``qweight`` int32 [K*b/32, N]: packed along K, code (k, n) at bits ``b*(k % (32/b))`` of ``qweight[k // (32/b), n]``
 * ``qzeros``  int32 [G, N*b/32]: packed along N the same way
 * ``scales``  fp16 [G, N]; ``g_idx`` int32 [K] (group of column k; ``k // g`` unless act-order / desc_act)
 * dequantized weight: ``W[n, k] = (q[k, n] - z[g_idx[k], n]) * scales[g_idx[k], n]`` with

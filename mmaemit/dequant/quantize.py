@@ -14,7 +14,7 @@ Per group (the columns k with the same gi(k), see :mod:`.scaling`), with the sca
 * nvfp4: scale = E4M3(max|w| / 6) (round to nearest even), elements satfinite E2M1.
 * group_size=None (no scaling): code = nearest(w) in the format (e.g. a plain fp8 cast).
 
-A zero-range group gets scale 1 (its codes then reproduce the zeros exactly).
+A zero-range group gets scale 1 (int1: 0), so its codes reproduce the zeros exactly.
 """
 from __future__ import annotations
 
