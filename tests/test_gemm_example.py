@@ -58,10 +58,33 @@ def test_gemm_matches_float32_reference(dtype, layout, shape, epilogue):
     assert rel < (1e-3 if dtype == "float16" else 8e-3), rel
 
 
+CONFIGS = [
+    GemmConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=2),
+    GemmConfig(block_m=128, block_n=256, block_k=64, warp_m=64, warp_n=64, stages=4),
+    GemmConfig(block_m=128, block_n=64, warp_m=64, warp_n=32, epilogue="global"),
+    GemmConfig(reduce_k=2),
+    GemmConfig(reduce_k=2, epilogue="global", warp_order="n_fast"),
+    GemmConfig(block_m=64, block_n=64, block_k=64, warp_m=32, warp_n=32, reduce_k=4, stages=3),
+    GemmConfig(n_tile=8, warp_order="n_fast", stmatrix_num=1),
+    GemmConfig(block_n=64, warp_n=32, n_tile=8, stmatrix_num=2, panel=3),
+    GemmConfig(block_m=64, warp_m=32, n_tile=16, stmatrix_num=2, warp_order="n_fast", epilogue="global"),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_config_sass_has_no_spills(config):
+    func, em = make_gemm(256, 256, 256, "float16", trans_b=True, config=config, arch="sm_90a")
+    kernel = mmaemit.compile(func, target="sm_90a")
+    assert kernel.resource_usage("sm_90a").spill_bytes == 0
+    mix = kernel.instruction_mix("sm_90a")
+    assert mix["HMMA"] > 0 and mix["LDSM"] > 0
+    if config.epilogue == "shared":
+        matrices = em.warp_rows * em.warp_cols * 2 * em.n_tile // 8
+        assert mix["STSM"] * (config.stmatrix_num or 2 * em.n_tile // 8) == matrices
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [GemmConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=2),
-                                    GemmConfig(block_m=128, block_n=256, block_k=64, warp_m=64, warp_n=64, stages=4),
-                                    GemmConfig(block_m=128, block_n=64, warp_m=64, warp_n=32, epilogue="global")])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_gemm_other_tile_configs(config):
     import torch
 

@@ -265,14 +265,16 @@ class TensorCoreIntrinEmitter:
             _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, tmp[0]))
 
     def stmatrix(self, C_frag, C_buf, *, warp, lane, layout=None, block_row=0, block_col=0, use_stmatrix=None,
-                 transpose=False):
+                 transpose=False, num=None):
         """Store this warp's accumulators to ``C_buf`` (shared or global), converting to ``C_buf``'s dtype.
 
         Shared, 16-bit output, sm_90+ (``arch`` given): PTX ``stmatrix.sync.aligned.m8n8.x{2,4}[.trans].shared.b16``
         (``use_stmatrix=False`` forces plain stores). Otherwise one 2-element vector store per accumulator pair
         (``st.{shared,global}.v2.f32`` / ``.b32``), or element stores when transposed. ``transpose=True`` stores
         C^T: element (m, n) goes to ``C_buf[n, m]`` (``.trans``). ``C_buf`` may be a region; ``block_row`` /
-        ``block_col`` add ``block_m`` / ``block_n`` multiples (the CTA's tile) to the (m, n) origin. With
+        ``block_col`` add ``block_m`` / ``block_n`` multiples (the CTA's tile) to the (m, n) origin. ``num``
+        (1, 2 or 4) picks stmatrix.x{num}: a micro tile holds ``2 * n_tile // 8`` 8x8 matrices, stored by as many
+        instructions as needed (default: one). With
         ``reduce_k > 1`` only the ``warp_k == 0`` group stores (call ``reduce_accumulators`` first). Output dtypes:
         float32 accumulators -> float32/float16/bfloat16; float16 -> float16/float32; int32 -> int32.
         """
@@ -301,7 +303,7 @@ class TensorCoreIntrinEmitter:
 
         with _ir.only_if(wk == 0 if self.reduce_k > 1 else None):
             if can_ptx and use_stmatrix is not False:
-                self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose)
+                self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose, num)
                 return
             lay = self.c_layout
             per = lay.elems_per_reg
@@ -319,11 +321,15 @@ class TensorCoreIntrinEmitter:
                             else:
                                 self._store_pair(buf, index(m, n), C_frag, i, j, h, e, out, space)
 
-    def _stmatrix_ptx(self, C_frag, buf, m_base, n_base, lane, index, out, transpose):
+    def _stmatrix_ptx(self, C_frag, buf, m_base, n_base, lane, index, out, transpose, num):
         from tvm.script import tirx as T
 
         plan = accumulator_store_plan(self.n_tile, transpose)
-        instr = isa.matrix_move("stmatrix", plan.num, transpose, arch=self.arch)
+        per = plan.num if num is None else num
+        if per not in (1, 2, 4) or per > plan.num:
+            raise UnsupportedConfigError(f"stmatrix num for a 16x{self.n_tile} micro tile must be one of "
+                                         f"{choices(n for n in (1, 2, 4) if n <= plan.num)}, not {num!r}")
+        instr = isa.matrix_move("stmatrix", per, transpose, arch=self.arch)
         tmp = T.alloc_local((plan.num,), "uint32")
         for i in range(self.warp_rows):
             for j in range(self.warp_cols):
@@ -336,9 +342,10 @@ class TensorCoreIntrinEmitter:
                     else:
                         cvt = "cvt.rn.f16x2.f32" if out == "float16" else "cvt.rn.bf16x2.f32"
                         _ir.emit(_ir.ptx(cvt)(tmp[q], x1, x0))
-                m, n = plan.lane_address(lane)  # (m, n) of the row this lane addresses, in the micro tile
-                idx = index(m_base + i * self.micro_m + m, n_base + j * self.n_tile + n)
-                _ir.emit(_ir.ptx(instr.ptx())(buf.ptr_to(list(idx)), *[tmp[q] for q in range(plan.num)]))
+                for first in range(0, plan.num, per):
+                    m, n = plan.lane_address(lane, first, per)  # the row this lane addresses, in the micro tile
+                    idx = index(m_base + i * self.micro_m + m, n_base + j * self.n_tile + n)
+                    _ir.emit(_ir.ptx(instr.ptx())(buf.ptr_to(list(idx)), *[tmp[q] for q in range(first, first + per)]))
 
     # ---- split-K across warp groups ------------------------------------------------------------------------
     @property
