@@ -36,7 +36,7 @@ class Arch:
         An arch-specific minimum ("sm_90a") needs the same suffix and the same major version: sm_90a features do not
         exist on sm_100 (PTX ISA: arch-specific features are not forward compatible).
         """
-        need = as_arch(min_arch)
+        need = min_arch if isinstance(min_arch, Arch) else _parse_min_arch(min_arch)
         if need.suffix:
             return self.suffix == need.suffix and self.number // 10 == need.number // 10 and self.number >= need.number
         return self.number >= need.number
@@ -64,6 +64,14 @@ def as_arch(value) -> Arch:
         raise ArchError(f"arch {value!r} is below sm_80; mmaemit needs mma.sync m16n8k16 (sm_80+): "
                         f"choose one of {choices(KNOWN_ARCHS)}")
     return Arch(number, suffix)
+
+
+def _parse_min_arch(value) -> Arch:
+    # an instruction's minimum arch may lie below mmaemit's own sm_80 floor (ldmatrix: sm_75)
+    m = _ARCH_RE.match(str(value).strip())
+    if not m:
+        raise ArchError(f"unknown CUDA arch {value!r}; expected one of {choices(KNOWN_ARCHS)}")
+    return Arch(int(m.group(1)), m.group(2))
 
 
 def device_arch(device_index: int = 0) -> Arch:
