@@ -486,3 +486,45 @@ def int4_to_f16x2():
             Out[lane, k] = y[k]
 
     return dequant
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# assorted PTX families inside one kernel (st/ld.shared, shfl.sync, prmt, cvt, mov, ldmatrix.x1)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def ptx_assortment():
+    """One warp. Out[l, 0] = W[(l + 1) % 32] (st.shared / ld.shared), Out[l, 1] = that value from lane l ^ 1
+    (shfl.sync.bfly), Out[l, 2] = prmt.f4e(Out[l,0], Out[l,1], l), Out[l, 3] = cvt.rn.f16x2.f32(X[l,0], X[l,1]),
+    Out[l, 4] = cvt.rn.f16x2.e4m3x2(low 16 bits of W[l]), Out[l, 5] = mov.b32 {lo, hi} of W[l] halves swapped,
+    Out[l, 6] = ldmatrix.x1 of the 8x8 f16 tile H (lanes 0-7 give the rows)."""
+
+    @T.prim_func
+    def assortment(W: T.Buffer((32,), "uint32"), X: T.Buffer((32, 2), "float32"), H: T.Buffer((8, 8), "float16"),
+                   Out: T.Buffer((32, 7), "uint32")):
+        T.device_entry()
+        _bx = T.cta_id([1])
+        _warp = T.warp_id([1])
+        lane = T.lane_id([32])
+        S = T.alloc_buffer((32,), "uint32", scope="shared", align=128)
+        Hs = T.alloc_buffer((8, 8), "float16", scope="shared", align=128)
+        r = T.alloc_local((7,), "uint32")
+        h = T.alloc_local((2,), "uint16")
+        T.ptx["st.shared.b32"](S.ptr_to([lane]), W[lane])
+        if lane < 8:
+            T.ptx["cp.async.ca.shared.global"](Hs.ptr_to([lane, 0]), H.ptr_to([lane, 0]), 16)
+        T.ptx["cp.async.wait_all"]()
+        T.cuda.cta_sync()
+        T.ptx["ld.shared.b32"](r[0], S.ptr_to([(lane + 1) % 32]))
+        T.ptx.shfl_sync.bfly.b32(r[1], r[0], T.uint32(1), T.uint32(0x1F), T.uint32(0xFFFFFFFF))
+        T.ptx.prmt.b32.f4e(r[2], r[0], r[1], T.Cast("uint32", lane))
+        T.ptx.cvt.rn.f16x2.f32(r[3], X[lane, 0], X[lane, 1])
+        T.ptx.cvt.rn.f16x2.e4m3x2(r[4], T.Cast("uint16", W[lane] & T.uint32(0xFFFF)))
+        h[0] = T.Cast("uint16", W[lane] >> T.uint32(16))
+        h[1] = T.Cast("uint16", W[lane] & T.uint32(0xFFFF))
+        T.ptx["mov.b32"](r[5], h[0], h[1])
+        T.ptx.ldmatrix.sync.aligned.m8n8.x1.shared.b16(r[6], Hs.ptr_to([lane % 8, 0]))
+        for i in T.unroll(7):
+            Out[lane, i] = r[i]
+
+    return assortment

@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from mmaemit import isa
 from mmaemit.interpret import ptx
 
 RNG = np.random.default_rng(1234)
@@ -47,6 +48,24 @@ def test_prmt_generic_form_selects_and_sign_replicates_bytes():
         assert int(got[i]) == want
     # the classic byte-swap selector 0x0123 reverses a's bytes
     assert int(ptx.prmt(np.uint32(0x11223344), np.uint32(0), np.uint32(0x0123))) == 0x44332211
+
+
+# prmt modes, copied from the PTX ISA table as "d.b3 d.b2 d.b1 d.b0" source bytes for c[1:0] = 0..3
+_PRMT_TABLE = {"f4e": ["3210", "4321", "5432", "6543"], "b4e": ["5670", "6701", "7012", "0123"],
+               "rc8": ["0000", "1111", "2222", "3333"], "ecl": ["3210", "3211", "3222", "3333"],
+               "ecr": ["0000", "1110", "2210", "3210"], "rc16": ["1010", "3232", "1010", "3232"]}
+
+
+@pytest.mark.parametrize("mode", sorted(_PRMT_TABLE))
+def test_prmt_modes_follow_the_isa_table(mode):
+    a, b = rand_u32(40), rand_u32(40)
+    c = rand_u32(40)
+    got = ptx.prmt(a, b, c, mode)
+    for i in range(40):
+        src = ((int(b[i]) << 32) | int(a[i])).to_bytes(8, "little")
+        row = _PRMT_TABLE[mode][int(c[i]) & 3]
+        want = bytes(src[int(ch)] for ch in reversed(row))      # d.b0 first
+        assert int(got[i]) == int.from_bytes(want, "little")
 
 
 def test_shf_and_shifts_against_python_integers():
@@ -228,78 +247,122 @@ def test_fragment_coordinates_match_isa_figures():
     assert (r[6][0], c[6][0], r[6][16], c[6][16], c[6][7]) == (1, 16, 1, 48, 23)
 
 
-def _pack_tilelang_style(mat, bits, kind):
-    """Registers of a 16xK A (kind "A") or an N=8 x K B stored [n, k] (kind "B") from the ISA formulas as written in
-    the TileLang notes (row/col per element index j), independent of ptx.mma_*_coords."""
-    lanes = []
-    k_total = mat.shape[1]
+# (row, col) of element a_i / (k, n) of element b_i per lane, written out as the PTX ISA sections
+# "Matrix Fragments for mma.m16n8k*" state them (g = groupID, t = threadID_in_group)
+def _isa_a(shape, bits, g, t, i):
+    m, n, k = shape
+    if bits == 16 and k == 16:
+        return g + 8 * (i in (2, 3, 6, 7)), t * 2 + (i & 1) + 8 * (i >= 4)
+    if bits == 16 and k == 8:
+        return g + 8 * (i >= 2), t * 2 + (i & 1)
+    if bits == 32:
+        return g + 8 * (i in (1, 3)), t + 4 * (i >= 2)
+    if bits == 8 and k == 16:
+        return g + 8 * (i >= 4), t * 4 + (i & 3)
+    if bits == 8 and k == 32:
+        return g + 8 * (not (i < 4 or 8 <= i < 12)), t * 4 + (i & 3) + 16 * (i >= 8)
+    if bits == 4 and k == 32:
+        return g + 8 * (i >= 8), t * 8 + (i & 7)
+    if bits == 4 and k == 64:
+        return g + 8 * (not (i < 8 or 16 <= i < 24)), t * 8 + (i & 7) + 32 * (i >= 16)
+    raise AssertionError(shape)
+
+
+def _isa_b(shape, bits, g, t, i):
+    m, n, k = shape
+    if bits == 16 and k == 16:
+        return t * 2 + (i & 1) + 8 * (i >= 2), g
+    if bits == 16 and k == 8:
+        return t * 2 + i, g
+    if bits == 32:
+        return t + 4 * i, g
+    if bits == 8 and k == 16:
+        return t * 4 + i, g
+    if bits == 8 and k == 32:
+        return t * 4 + (i & 3) + 16 * (i >= 4), g
+    if bits == 4 and k == 32:
+        return t * 8 + i, g
+    if bits == 4 and k == 64:
+        return t * 8 + (i & 7) + 32 * (i >= 8), g
+    raise AssertionError(shape)
+
+
+def _pack(codes, shape, bits, which):
+    """Registers (1, 32, nregs) uint32 holding the ``bits``-wide codes of matrix A [m, k] or B [k, n]."""
+    m, n, k = shape
+    nelem = (m * k if which == "A" else k * n) // 32
     epr = 32 // bits
-    nelem = (16 if kind == "A" else 8) * k_total // 32
-    for tx in range(32):
-        elems = []
-        for j in range(nelem):
-            if bits == 16:
-                if kind == "A":
-                    row, col = tx // 4 + 8 * ((j % 4) // 2), 2 * (tx % 4) + j % 2 + 8 * (j // 4)
-                else:
-                    row, col = tx // 4, 2 * (tx % 4) + j % 2 + 8 * (j // 2)
-            elif bits == 8:
-                if kind == "A":
-                    row, col = 8 * ((j % 8) // 4) + tx // 4, 16 * (j // 8) + 4 * (tx % 4) + j % 4
-                else:
-                    row, col = tx // 4, 16 * (j // 4) + 4 * (tx % 4) + j % 4
-            else:
-                if kind == "A":
-                    row, col = 8 * (j % 2) + tx // 4, 4 * (j // 2) + tx % 4
-                else:
-                    row, col = tx // 4, 4 * j + tx % 4
-            elems.append(mat[row, col])
-        lanes.append(elems)
-    e = np.array(lanes)
-    raw = e.view({16: np.uint16, 8: np.uint8, 32: np.uint32}[bits]).astype(np.uint64)
-    raw = raw.reshape(32, -1, epr)
-    regs = np.zeros(raw.shape[:2], np.uint64)
-    for i in range(epr):
-        regs |= raw[:, :, i] << np.uint64(i * bits)
-    return regs.astype(np.uint32)[None]
+    regs = np.zeros((1, 32, nelem // epr), np.uint64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(nelem):
+            r, c = (_isa_a if which == "A" else _isa_b)(shape, bits, g, t, i)
+            regs[0, lane, i // epr] |= np.uint64(int(codes[r, c]) & ((1 << bits) - 1)) << np.uint64((i % epr) * bits)
+    return regs.astype(np.uint32)
 
 
-@pytest.mark.parametrize("case", ["f16", "bf16", "s8", "u8s8", "tf32", "e4m3"])
-def test_mma_sync_end_to_end(case):
-    spec = {"f16": (16, np.float16, "f16", "f16", 16), "bf16": (16, ml_dtypes.bfloat16, "bf16", "bf16", 16),
-            "s8": (32, np.int8, "s8", "s8", 8), "u8s8": (32, np.uint8, "u8", "s8", 8),
-            "tf32": (8, np.float32, "tf32", "tf32", 32), "e4m3": (32, ml_dtypes.float8_e4m3fn, "e4m3", "e4m3", 8)}
-    k, adt, at, bt, bits = spec[case]
-    integer = case in ("s8", "u8s8")
-    if integer:
-        A = RNG.integers(0 if at == "u8" else -128, 256 if at == "u8" else 128, (16, k)).astype(adt)
-        Bt = RNG.integers(-128, 128, (8, k)).astype(np.int8)
-        C = RNG.integers(-2 ** 20, 2 ** 20, (16, 8)).astype(np.int32)
+_CODES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+          "float8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def _operand(dtype, shape):
+    """(codes as unsigned ints, exact values as float64/int64) of a random operand."""
+    if dtype in ("int8", "uint8", "int4", "uint4"):
+        bits = 8 if dtype.endswith("8") else 4
+        lo, hi = (-(1 << (bits - 1)), 1 << (bits - 1)) if dtype.startswith("int") else (0, 1 << bits)
+        v = RNG.integers(lo, hi, shape)
+        return v & ((1 << bits) - 1), v.astype(np.int64)
+    if dtype == "float32":       # tf32 operands: values on the tf32 grid (the mma reads 19 of the 32 bits)
+        f = RNG.standard_normal(shape).astype(np.float32)
+        u = f.view(np.uint32) & np.uint32(0xFFFFE000)
+        return u, u.view(np.float32).astype(np.float64)
+    f = RNG.standard_normal(shape).astype(_CODES[dtype])
+    return f.view(np.uint8 if f.dtype.itemsize == 1 else np.uint16), f.astype(np.float64)
+
+
+@pytest.mark.parametrize("instr", [pytest.param(e, id=e.ptx()) for e in isa.MMA_TABLE])
+def test_mma_sync_every_instruction_in_the_table(instr):
+    shape = instr.shape
+    acode, aval = _operand(instr.a_dtype, (16, instr.k))
+    bcode, bval = _operand(instr.b_dtype, (instr.k, 8))
+    a = _pack(acode, shape, instr.operand_bits, "A")
+    b = _pack(bcode, shape, instr.operand_bits, "B")
+    cregs = np.zeros((1, 32, instr.c_regs), np.uint32)
+    if instr.is_integer:
+        C = RNG.integers(-(2 ** 20), 2 ** 20, (16, 8)).astype(np.int32)
+        cbits = C.view(np.uint32)
+    elif instr.accum_dtype == "float16":
+        C = RNG.standard_normal((16, 8)).astype(np.float16)
+        cbits = C.view(np.uint16).astype(np.uint32)
     else:
-        A = RNG.standard_normal((16, k)).astype(adt)
-        Bt = RNG.standard_normal((8, k)).astype(adt)
-        if case == "tf32":   # tf32 inputs: values already on the tf32 grid (the mma ignores the low 13 bits)
-            A = (A.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-            Bt = (Bt.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
         C = RNG.standard_normal((16, 8)).astype(np.float32)
-    a = _pack_tilelang_style(A, bits, "A")
-    b = _pack_tilelang_style(Bt, bits, "B")
-    cregs = np.zeros((1, 32, 4), np.uint32)
-    for tx in range(32):
-        for j in range(4):
-            cregs[0, tx, j] = C.view(np.uint32)[tx // 4 + 8 * (j // 2), 2 * (tx % 4) + j % 2]
-    acc = "s32" if integer else "f32"
-    d = ptx.mma_sync((16, 8, k), at, bt, acc, acc, a, b, cregs)
-    D = np.zeros((16, 8), np.uint32)
-    for tx in range(32):
-        for j in range(4):
-            D[tx // 4 + 8 * (j // 2), 2 * (tx % 4) + j % 2] = d[0, tx, j]
-    if integer:
-        want = A.astype(np.int64) @ Bt.astype(np.int64).T + C
-        assert np.array_equal(D.view(np.int32), want.astype(np.int32))
+        cbits = C.view(np.uint32)
+    per_reg = 2 if instr.accum_dtype == "float16" else 1
+    for lane in range(32):          # accumulator c_i: row g + 8 * (i >= 2), col 2t + (i & 1) (ISA)
+        g, t = lane // 4, lane % 4
+        for i in range(4):
+            cregs[0, lane, i // per_reg] |= cbits[g + 8 * (i >= 2), 2 * t + (i & 1)] << np.uint32(16 * (i % per_reg))
+    acc = instr.accum_ptx
+    d = ptx.mma_sync(shape, instr.a_ptx, instr.b_ptx, acc, acc, a, b, cregs)
+    D = np.zeros((16, 8), np.float64 if not instr.is_integer else np.int64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(4):
+            word = int(d[0, lane, i // per_reg])
+            if instr.is_integer:
+                v = np.array([word], np.uint32).view(np.int32)[0]
+            elif per_reg == 2:
+                v = np.array([(word >> (16 * (i % 2))) & 0xFFFF], np.uint16).view(np.float16)[0]
+            else:
+                v = np.array([word], np.uint32).view(np.float32)[0]
+            D[g + 8 * (i >= 2), 2 * t + (i & 1)] = v
+    exact = aval @ bval + C.astype(np.int64 if instr.is_integer else np.float64)
+    if instr.is_integer:
+        assert np.array_equal(D, exact)
+    elif instr.accum_dtype == "float16":
+        assert np.array_equal(D, exact.astype(np.float16).astype(np.float64))   # one rounding of the exact sum
     else:
-        want = A.astype(np.float64) @ Bt.astype(np.float64).T + C
-        np.testing.assert_allclose(D.view(np.float32), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(D, exact, rtol=1e-6, atol=1e-6)
 
 
 def test_mma_int_wraps_and_satfinite_clamps():

@@ -152,14 +152,33 @@ def lop3(a, b, c, imm_lut: int):
     return d
 
 
+#: prmt.{mode}: source byte for d.b0..d.b3 per selector c[1:0] (PTX ISA prmt table, listed d.b3..d.b0 there)
+_PRMT_MODES = {
+    "f4e": ((0, 1, 2, 3), (1, 2, 3, 4), (2, 3, 4, 5), (3, 4, 5, 6)),
+    "b4e": ((0, 7, 6, 5), (1, 0, 7, 6), (2, 1, 0, 7), (3, 2, 1, 0)),
+    "rc8": ((0, 0, 0, 0), (1, 1, 1, 1), (2, 2, 2, 2), (3, 3, 3, 3)),
+    "ecl": ((0, 1, 2, 3), (1, 1, 2, 3), (2, 2, 2, 3), (3, 3, 3, 3)),
+    "ecr": ((0, 0, 0, 0), (0, 1, 1, 1), (0, 1, 2, 2), (0, 1, 2, 3)),
+    "rc16": ((0, 1, 0, 1), (2, 3, 2, 3), (0, 1, 0, 1), (2, 3, 2, 3)),
+}
+
+
 def prmt(a, b, c, mode: str = ""):
-    """``prmt.b32 d, a, b, c`` (generic form): byte i of d = byte ``c[4i+2:4i]`` of {b, a} (a = bytes 0-3),
-    sign-replicated when ``c[4i+3]`` is set. Only the generic form is implemented (the one the dequant path uses)."""
-    if mode:
-        raise NotImplementedError(f"prmt.{mode} is not implemented by the interpreter (only the generic form)")
+    """``prmt.b32{.mode} d, a, b, c``: pick 4 of the 8 bytes of {b, a} (a = bytes 0-3).
+
+    Generic form: byte i of d = byte ``c[4i+2:4i]`` of the source, sign-replicated when ``c[4i+3]`` is set.
+    Modes (f4e, b4e, rc8, ecl, ecr, rc16): c[1:0] selects a row of the ISA's byte table; no sign replication.
+    """
     a, b, c = (np.asarray(v).astype(np.uint32) for v in (a, b, c))
     src = (b.astype(np.uint64) << 32) | a.astype(np.uint64)
     d = np.zeros(np.broadcast_shapes(a.shape, b.shape, c.shape), dtype=np.uint32)
+    if mode:
+        table = np.array(_PRMT_MODES[mode], np.uint64)           # (4 selectors, 4 destination bytes)
+        sel = (c & 3).astype(np.int64)
+        for i in range(4):
+            byte = ((src >> (table[sel, i] * 8)) & 0xFF).astype(np.uint32)
+            d |= byte << (8 * i)
+        return d
     for i in range(4):
         sel = (c >> (4 * i)) & 0xF
         byte = ((src >> ((sel & 7).astype(np.uint64) * 8)) & 0xFF).astype(np.uint32)

@@ -526,9 +526,7 @@ def _lop3(kp, ops, mod, site):
 @_family("prmt")
 def _prmt(kp, ops, mod, site):
     mode = mod.get("mode", "")
-    if mode:
-        raise kp._unsupported(f"prmt.b32.{mode} (only the generic prmt form is implemented)")
-    return _elementwise(kp, ops, "d", ("a", "b", "c"), lambda a, b, c: ptx.prmt(a, b, c), site)
+    return _elementwise(kp, ops, "d", ("a", "b", "c"), lambda a, b, c: ptx.prmt(a, b, c, mode), site)
 
 
 @_family("shf")
