@@ -528,3 +528,77 @@ def ptx_assortment():
             Out[lane, i] = r[i]
 
     return assortment
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# kernel styles the emitters use: raw uint8 dyn-smem pool + T.let shared base + T.ptx.addr immediates; vectorized
+# copies; symbolic shapes
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def let_base_ptx_addr():
+    """16x16 f16 tile -> a raw uint8 ``shared.dyn`` pool at byte 512 (cp.async through ``T.ptx.addr(sbase, 512)``),
+    then ldmatrix.x4 from the same base: Out[l, m] = ldmatrix register m of lane l."""
+
+    @T.prim_func
+    def let_base(A: T.Buffer((16, 16), "float16"), Out: T.Buffer((32, 4), "uint32")):
+        T.device_entry()
+        _bx = T.cta_id([1])
+        _w = T.warp_id([1])
+        lane = T.lane_id([32])
+        smem = T.alloc_buffer((1024,), "uint8", scope="shared.dyn", align=1024)
+        r = T.alloc_local((4,), "uint32")
+        sbase: T.let[T.uint32] = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
+        T.ptx["cp.async.cg.shared.global"](T.ptx.addr(sbase + T.uint32(lane * 16), 512),
+                                           A.ptr_to([lane // 2, (lane % 2) * 8]), 16)
+        T.ptx["cp.async.wait_all"]()
+        T.cuda.cta_sync()
+        for _i in T.unroll(1):
+            T.ptx.ldmatrix.sync.aligned.m8n8.x4.shared.b16(
+                r[0], r[1], r[2], r[3], T.ptx.addr(sbase + T.uint32((lane % 16) * 32 + (lane // 16) * 16), 512))
+        for i in T.unroll(4):
+            Out[lane, i] = r[i]
+
+    return let_base
+
+
+def vectorized_rows(n):
+    """C[r, :] = 3 * A[r', :] (f16 -> f32) with r' the next row of the same 128-row block; 16-byte vector copies
+    into shared and vectorized fp32 stores."""
+
+    @T.prim_func
+    def vec_rows(A: T.Buffer((n, 8), "float16"), C: T.Buffer((n, 8), "float32")):
+        T.device_entry()
+        bx = T.cta_id([n // 128])
+        warp = T.warp_id([4])
+        lane = T.lane_id([32])
+        S = T.alloc_buffer((128, 8), "float16", scope="shared")
+        acc = T.alloc_local((8,), "float32")
+        tid = T.meta_var(warp * 32 + lane)
+        for v in T.vectorized(8):
+            S[tid, v] = A[bx * 128 + tid, v]
+        T.cuda.cta_sync()
+        for v in T.unroll(8):
+            acc[v] = T.Cast("float32", S[(tid + 1) % 128, v]) * T.float32(3)
+        for v in T.vectorized(8):
+            C[bx * 128 + tid, v] = acc[v]
+
+    return vec_rows
+
+
+def symbolic_add_one():
+    """B[i] = A[i] + 1 for a symbolic length n over ceil(n / 128) CTAs (guarded tail)."""
+
+    @T.prim_func
+    def add_one(a: T.handle, b: T.handle):
+        n = T.int32()
+        A = T.match_buffer(a, (n,), "float32")
+        B = T.match_buffer(b, (n,), "float32")
+        T.device_entry()
+        bx = T.cta_id([T.ceildiv(n, 128)])
+        warp = T.warp_id([4])
+        lane = T.lane_id([32])
+        if bx * 128 + warp * 32 + lane < n:
+            B[bx * 128 + warp * 32 + lane] = A[bx * 128 + warp * 32 + lane] + T.float32(1)
+
+    return add_one

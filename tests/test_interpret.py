@@ -345,3 +345,33 @@ def test_assorted_ptx_families_in_one_kernel():
     assert np.array_equal(out[:, 6], hb[lane // 4, 2 * (lane % 4)] | (hb[lane // 4, 2 * (lane % 4) + 1] << 16))
     with pytest.raises(ArchError, match="e4m3x2"):          # cvt from e4m3 needs sm_89
         interpret(K.ptx_assortment(), W, X, H, out, arch="sm_80")
+
+
+def test_let_shared_base_with_ptx_addr_immediates():
+    A = _randn((16, 16))
+    out = np.zeros((32, 4), np.uint32)
+    report = interpret(K.let_base_ptx_addr(), A, out, arch="sm_80")
+    assert report.ok
+    bits = A.view(np.uint16).astype(np.uint32)
+    lane = np.arange(32)
+    assert np.array_equal(out[:, 3], bits[8 + lane // 4, 8 + 2 * (lane % 4)] | bits[8 + lane // 4, 9 + 2 * (lane % 4)] << 16)
+
+
+def test_vectorized_copies_and_stores():
+    A = _randn((256, 8))
+    C = np.zeros((256, 8), np.float32)
+    report = interpret(K.vectorized_rows(256), A, C, arch="sm_80")
+    assert report.ok and report.stats["ctas"] == 2
+    want = np.concatenate([np.roll(A[:128], -1, 0), np.roll(A[128:], -1, 0)]).astype(np.float32) * 3
+    assert np.array_equal(C, want)
+    (vec_store,) = [b for b in report.bank_conflicts if b.op == "st.shared"]
+    assert vec_store.conflicts == 0 and vec_store.executions == 8       # 16-byte rows: 4 phases of 8 lanes, 2 CTAs
+
+
+def test_symbolic_shape_binds_from_the_arguments():
+    A = RNG.standard_normal(300).astype(np.float32)
+    B = np.zeros(300, np.float32)
+    report = interpret(K.symbolic_add_one(), A, B, arch="sm_80")
+    assert report.stats["ctas"] == 3 and np.array_equal(B, A + 1)
+    with pytest.raises(ArgumentError, match="dimension 0 is 299"):
+        interpret(K.symbolic_add_one(), A, np.zeros(299, np.float32), arch="sm_80")

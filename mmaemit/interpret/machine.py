@@ -867,11 +867,10 @@ def mem_read(st, ref, meta, idx, site):
             return arr[e]
     e = _per_thread(st, np.asarray(idx, np.int64) + off)
     ok = _bounds(st, ref, e, meta, site, act)
-    if ok is not act:
+    if ok is not None:      # inactive or out-of-bounds threads must not index (their addresses may be garbage)
         e = np.where(ok[:, None] if e.ndim == 2 else ok, e, 0)
-        act = ok
     if ref.region.rid == SHARED_RID:
-        _shared_access(st, site, ref, e, act, write=False, meta=meta)
+        _shared_access(st, site, ref, e, ok, write=False, meta=meta)
     out = arr[e]
     if np.ndim(idx) == 0 and st.mask is None and ok is None:
         return out[0]
