@@ -405,3 +405,35 @@ def test_shfl_modes_match_cuda_semantics():
     assert np.array_equal(d, v[:, src]) and np.array_equal(p[0], (lane % 16) + 4 < 16)
     d, p = ptx.shfl(v, "up", 1, 0)                          # __shfl_up_sync(.., 1, 32)
     assert np.array_equal(d, v[:, np.maximum(lane - 1, 0)]) and not p[0, 0] and p[0, 1:].all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow")
+def test_cvt_scalar_directed_roundings_bracket_the_exact_value():
+    x = np.concatenate([RNG.standard_normal(500) * 100, [65519.0, 65520.0, -65536.0, 1e-8, -1e-8]]).astype(np.float32)
+    bits = x.view(np.uint32)
+    up = ptx.cvt(bits, "f16", "f32", "rp").view(np.float16)
+    down = ptx.cvt(bits, "f16", "f32", "rm").view(np.float16)
+    zero = ptx.cvt(bits, "f16", "f32", "rz").view(np.float16)
+    near = ptx.cvt(bits, "f16", "f32", "rn").view(np.float16)
+    x64 = x.astype(np.float64)
+    assert np.all(up.astype(np.float64) >= x64) and np.all(down.astype(np.float64) <= x64)
+    # tight: the neighbour on the other side lies past x (or the values are equal and x is representable)
+    assert np.all((up == down) | (np.nextafter(up, np.float16(-np.inf)).astype(np.float64) < x64))
+    assert np.all(np.abs(zero.astype(np.float64)) <= np.abs(x64))
+    assert np.all(np.where(x64 >= 0, zero == down, zero == up))
+    assert np.array_equal(near, x.astype(np.float16))
+
+
+def test_cvt_scalar_float_to_int_saturates_and_rounds():
+    x = np.array([2.5, -2.5, 3.7, -3.7, 1e10, -1e10, np.nan, 255.5], np.float32)
+    b = x.view(np.uint32)
+    assert list(ptx.cvt(b, "s32", "f32", "rni").view(np.int32)) == [2, -2, 4, -4, 2 ** 31 - 1, -(2 ** 31), 0, 256]
+    assert list(ptx.cvt(b, "s32", "f32", "rmi").view(np.int32))[:4] == [2, -3, 3, -4]
+    assert list(ptx.cvt(b, "u8", "f32", "rzi").view(np.uint8)) == [2, 0, 3, 0, 255, 0, 0, 255]
+    assert list(ptx.cvt(np.array([-5, 300, 7], np.int32).view(np.uint32), "u8", "s32", sat=True)) == [0, 255, 7]
+    assert list(ptx.cvt(np.array([-5, 300], np.int32).view(np.uint32), "u8", "s32")) == [251, 44]   # wraps
+    big = np.array([2 ** 24 + 1], np.int32).view(np.uint32)
+    assert ptx.cvt(big, "f32", "s32", "rp").view(np.float32)[0] == 2 ** 24 + 2
+    assert ptx.cvt(big, "f32", "s32", "rn").view(np.float32)[0] == 2 ** 24
+    h = np.array([1.5, -0.25], np.float16).view(np.uint16)
+    assert list(ptx.cvt(h, "f32", "f16").view(np.float32)) == [1.5, -0.25]

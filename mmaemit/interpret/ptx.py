@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = [
     "canonical_nan", "round_f64", "f32_to_bf16_bits", "f32_to_f16_bits", "split_b32", "pack_b32",
-    "lop3", "prmt", "shf", "shl", "shr", "half_arith", "cvt_f32_to_x2", "cvt_tf32", "cvt_f8x2_to_f16x2",
+    "lop3", "prmt", "shf", "shl", "shr", "half_arith", "cvt", "cvt_f32_to_x2", "cvt_tf32", "cvt_f8x2_to_f16x2",
     "cvt_f32_to_f8x2", "decode_f8", "mma_a_coords", "mma_b_coords", "mma_c_coords", "mma_sync", "ldmatrix",
     "stmatrix", "shfl", "MMA_ELEMENT_BITS",
 ]
@@ -342,6 +342,92 @@ def cvt_tf32(x, rnd: str = "rna", satfinite: bool = False):
         became_inf = finite & ((r & 0x7FFFFFFF) == 0x7F800000)
         r = np.where(became_inf, (r & 0x80000000) | 0x7F7FE000, r)
     return np.where(nan, np.uint64(_F32_NAN), r).astype(np.uint32)
+
+
+_SCALAR = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": np.float64,
+           "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
+           "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64}
+
+
+def _step(v, dt, direction):
+    """The neighbour of float values ``v`` (dtype dt) toward +inf (direction > 0) or -inf, elementwise."""
+    if np.dtype(dt) == np.dtype(ml_dtypes.bfloat16):
+        bits = v.view(np.uint16).astype(np.int32)
+        neg = (bits & 0x8000) != 0
+        mag = bits & 0x7FFF
+        up = np.where(neg, np.where(mag == 0, 0x0001, bits - 1), bits + 1)        # toward +inf
+        down = np.where(neg, bits + 1, np.where(mag == 0, 0x8001, bits - 1))      # toward -inf
+        out = np.where(direction > 0, up, down).astype(np.uint16)
+        return out.view(ml_dtypes.bfloat16)
+    with np.errstate(over="ignore"):
+        return np.nextafter(v, np.where(direction > 0, dt(np.inf), dt(-np.inf)).astype(dt)).astype(dt)
+
+
+def _directed(x64, dt, rnd):
+    """float64 values (exact) rounded to float type ``dt`` with PTX rounding rn/rz/rm/rp."""
+    if np.dtype(dt) == np.dtype(ml_dtypes.bfloat16):
+        r = round_f64(x64, 0.0, "bf16").view(ml_dtypes.bfloat16)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = x64.astype(dt)
+    if rnd == "rn":
+        return r
+    back = r.astype(np.float64)
+    fin = np.isfinite(x64)
+    if rnd == "rz":
+        fix = fin & (np.abs(back) > np.abs(x64))
+        return np.where(fix, _step(r, dt, -np.sign(x64)), r).astype(dt)
+    if rnd == "rp":
+        return np.where(fin & (back < x64), _step(r, dt, 1), r).astype(dt)
+    if rnd == "rm":
+        return np.where(fin & (back > x64), _step(r, dt, -1), r).astype(dt)
+    raise NotImplementedError(f"cvt rounding .{rnd}")
+
+
+def cvt(a, dtype: str, atype: str, rnd: str = "", *, sat: bool = False, relu: bool = False,
+        satfinite: bool = False, ftz: bool = False):
+    """Scalar ``cvt{.rnd}{.ftz}{.sat}{.relu}{.satfinite}.<dtype>.<atype> d, a`` on register bit patterns.
+
+    Float -> float: exact when widening, rounded (rn/rz/rm/rp) when narrowing, rounded to an integral value with
+    rni/rzi/rmi/rpi when the types match. Float -> int: rni/rzi/rmi/rpi, saturating to the integer range, NaN -> 0.
+    Int -> float: rn/rz/rm/rp. Int -> int: wrap, or clamp with ``.sat``. Returns the bits of ``dtype``.
+    """
+    src_t, dst_t = _SCALAR[atype], _SCALAR[dtype]
+    bits_src = np.dtype(src_t).itemsize
+    v = np.asarray(a).astype(_uint(8 * bits_src)).view(src_t)
+    src_float, dst_float = atype[0] in "fb", dtype[0] in "fb"
+    if src_float:
+        x = v.astype(np.float64)
+        if ftz and atype == "f32":
+            x = np.where(np.abs(x) < 2.0 ** -126, np.copysign(0.0, x), x)
+        if dst_float:
+            if rnd in ("rni", "rzi", "rmi", "rpi"):
+                x = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}[rnd](x)
+                out = _directed(x, dst_t, "rn")
+            else:
+                out = _directed(x, dst_t, rnd or "rn")
+            if satfinite:
+                fmax = float(np.finfo(dst_t).max) if dst_t is not ml_dtypes.bfloat16 else _BF16_MAX
+                out = np.where(np.isinf(out.astype(np.float64)), np.copysign(fmax, x), out).astype(dst_t)
+            if sat:
+                out = np.where(np.isnan(x), 0.0, np.clip(out.astype(np.float64), 0.0, 1.0)).astype(dst_t)
+            if relu:
+                out = np.where(out.astype(np.float64) < 0, 0.0, out).astype(dst_t)
+            out = np.asarray(out, dst_t)
+            if dtype in ("f16", "bf16"):
+                out = np.where(np.isnan(x), np.uint16(canonical_nan(dtype)).view(dst_t), out)
+            return out.view(_uint(8 * np.dtype(dst_t).itemsize))
+        x = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil, "": np.trunc}[rnd](x)
+        info = np.iinfo(dst_t)
+        x = np.where(np.isnan(x), 0.0, np.clip(x, info.min, info.max))
+        return np.asarray(x).astype(dst_t).view(_uint(8 * np.dtype(dst_t).itemsize))
+    iv = v.astype(np.int64) if atype != "u64" else v.astype(np.uint64)
+    if dst_float:
+        return _directed(iv.astype(np.float64), dst_t, rnd or "rn").view(_uint(8 * np.dtype(dst_t).itemsize))
+    if sat:
+        info = np.iinfo(dst_t)
+        iv = np.clip(iv, info.min, info.max)
+    return np.asarray(iv).astype(dst_t).view(_uint(8 * np.dtype(dst_t).itemsize))
 
 
 _F8_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}

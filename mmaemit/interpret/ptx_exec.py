@@ -666,6 +666,17 @@ def _cvt_x2(kp, ops, mod, site):
                                                        np.asarray(b).view(np.float32), fmt, **kw), site)
 
 
+@_family("cvt")
+def _cvt_scalar(kp, ops, mod, site):
+    dtype, atype = mod["dtype"], mod["atype"]
+    if dtype not in ptx._SCALAR or atype not in ptx._SCALAR:
+        raise kp._unsupported(f"cvt.{dtype}.{atype}")
+    kw = dict(sat=bool(mod.get("sat")), relu=bool(mod.get("relu")), satfinite=bool(mod.get("satfinite")),
+              ftz=bool(mod.get("ftz")))
+    rnd = mod.get("rnd", "")
+    return _elementwise(kp, ops, "d", ("a",), lambda a: ptx.cvt(a, dtype, atype, rnd, **kw), site)
+
+
 @_family("cvt_tf32_f32")
 def _cvt_tf32(kp, ops, mod, site):
     rnd, sat, relu = mod["rnd"], bool(mod.get("satfinite")), bool(mod.get("relu"))
