@@ -602,3 +602,26 @@ def symbolic_add_one():
             B[bx * 128 + warp * 32 + lane] = A[bx * 128 + warp * 32 + lane] + T.float32(1)
 
     return add_one
+
+
+def thread_dependent_loops():
+    """Out[l, 0] = 1 + 2 + ... + (l % 5) (a loop whose trip count differs per lane); Out[l, 1] = sum of
+    range(3, 20, 5) (a stepped loop)."""
+
+    @T.prim_func
+    def loops(Out: T.Buffer((32, 2), "int32")):
+        T.device_entry()
+        _bx = T.cta_id([1])
+        _w = T.warp_id([1])
+        lane = T.lane_id([32])
+        acc = T.alloc_local((2,), "int32")
+        acc[0] = 0
+        acc[1] = 0
+        for i in T.serial(lane % 5):
+            acc[0] = acc[0] + i + 1
+        for i in T.serial(3, 20, step=5):
+            acc[1] = acc[1] + i
+        Out[lane, 0] = acc[0]
+        Out[lane, 1] = acc[1]
+
+    return loops

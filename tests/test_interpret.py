@@ -375,3 +375,10 @@ def test_symbolic_shape_binds_from_the_arguments():
     assert report.stats["ctas"] == 3 and np.array_equal(B, A + 1)
     with pytest.raises(ArgumentError, match="dimension 0 is 299"):
         interpret(K.symbolic_add_one(), A, np.zeros(299, np.float32), arch="sm_80")
+
+
+def test_per_lane_trip_counts_and_stepped_loops():
+    out = np.zeros((32, 2), np.int32)
+    assert interpret(K.thread_dependent_loops(), out, arch="sm_80").ok
+    n = np.arange(32) % 5
+    assert np.array_equal(out[:, 0], n * (n + 1) // 2) and np.all(out[:, 1] == 3 + 8 + 13 + 18)

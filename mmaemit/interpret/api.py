@@ -56,7 +56,9 @@ def interpret(kernel, *args, arch=None, on_error: str = "raise") -> InterpretRep
     report = InterpretReport(kernel=prog.name, arch=a.name)
     rec = Recorder(report, on_error)
     compiled = prog.__dict__.setdefault("_compiled", {})
-    names = _source_shared_names(func)
+    names = prog.__dict__.get("_shared_names")
+    if names is None:
+        names = prog.__dict__["_shared_names"] = _source_shared_names(func)
     t0 = time.perf_counter()
     threads = 0
     try:

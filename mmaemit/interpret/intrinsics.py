@@ -12,7 +12,6 @@ import operator
 import ml_dtypes
 import numpy as np
 
-from ..errors import UnsupportedConfigError
 from . import ptx
 from .machine import _INT_RANGE, _NP, REGION_SHIFT, OFFSET_MASK, SHARED_RID, _expr_dtype, np_dtype, split_dtype
 

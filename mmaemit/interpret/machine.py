@@ -14,17 +14,13 @@ the caller's arrays, so outputs are written in place.
 """
 from __future__ import annotations
 
-import time
-
 import ml_dtypes
 import numpy as np
 
-from .. import isa
 from ..errors import UnsupportedConfigError, choices
 from ..layouts import banks as _banks
-from . import ptx
 from .diagnostics import BankConflictStat, Diagnostic
-from .memory import (FIRST_GLOBAL_RID, OFFSET_MASK, POISON, REGION_SHIFT, SHARED_RID, Region, SharedMemory)
+from .memory import OFFSET_MASK, POISON, REGION_SHIFT, SHARED_RID, SharedMemory
 
 _NP = {
     "float16": np.dtype(np.float16), "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
@@ -71,13 +67,6 @@ def _is_py_int_dtype(base):
 
 
 _INT_RANGE = {"int32": (-(1 << 31), (1 << 31) - 1, 1 << 32), "int64": (-(1 << 63), (1 << 63) - 1, 1 << 64)}
-
-
-def _wrap_py(v, base):
-    lo, hi, mod = _INT_RANGE[base]
-    if lo <= v <= hi:
-        return v
-    return (v - lo) % mod + lo
 
 
 class Site:
@@ -160,9 +149,6 @@ class CpAsyncQueue:
         self.committed = np.zeros(T, np.int64)
         self.ops = []      # dicts: thr, group, dst (N,), data (N, size), size, site
 
-    def pending_threads(self):
-        return sum(len(op["thr"]) for op in self.ops)
-
 
 class CTAState:
     __slots__ = ("env", "bufs", "mask", "T", "W", "tid", "warp_of", "lane_of", "epoch", "cta", "loops", "smem",
@@ -241,10 +227,6 @@ def _first(bad):
     if b.ndim > 1:
         b = b.reshape(b.shape[0], -1).any(axis=1)
     return int(np.argmax(b))
-
-
-class _Break(Exception):
-    pass
 
 
 # ======================================================================================================================
@@ -455,11 +437,9 @@ class KernelProgram:
     def _for(self, s):
         from tvm import tirx
 
-        if s.kind not in (tirx.ForKind.SERIAL, tirx.ForKind.UNROLLED):
-            if s.kind == tirx.ForKind.VECTORIZED:
-                pass     # VectorizeLoop leaves scalar loops behind only when it cannot vectorize: run serially
-            else:
-                raise self._unsupported(f"{s.kind} loops")
+        # a VECTORIZED loop left after VectorizeLoop is one it could not vectorize: it runs serially
+        if s.kind not in (tirx.ForKind.SERIAL, tirx.ForKind.UNROLLED, tirx.ForKind.VECTORIZED):
+            raise self._unsupported(f"{s.kind} loops")
         slot = self._slot(s.loop_var)
         fmin = self._expr(s.min)
         fext = self._expr(s.extent)
@@ -477,7 +457,7 @@ class KernelProgram:
                 entry = [name, lo]
                 st.loops.append(entry)
                 try:
-                    for i in range(lo, lo + ext * inc if inc > 0 else lo, inc):
+                    for i in range(lo, lo + ext, inc):      # CUDA: for (i = min; i < min + extent; i += step)
                         entry[1] = i
                         env[slot] = i
                         body(st)
@@ -486,7 +466,7 @@ class KernelProgram:
                 return
             # per-thread bounds: iterate to the largest trip count, masking finished threads
             lo_a = np.broadcast_to(np.asarray(lo), (st.T,))
-            ext_a = np.broadcast_to(np.asarray(ext), (st.T,))
+            ext_a = -(-np.broadcast_to(np.asarray(ext), (st.T,)) // inc)        # trip counts
             outer = st.mask
             active = ext_a > 0 if outer is None else (outer & (ext_a > 0))
             n = int(ext_a[active].max()) if active.any() else 0
@@ -983,4 +963,4 @@ def run_launch(kp: KernelProgram, args, dims, rec, regions, source_shared_names)
     return T
 
 
-__all__ = ["KernelProgram", "run_launch", "Region", "FIRST_GLOBAL_RID", "time"]
+__all__ = ["KernelProgram", "Recorder", "run_launch", "np_dtype", "split_dtype"]

@@ -64,6 +64,7 @@ class SharedMemory(Region):
         self.r_mask = np.zeros(n, np.uint32)
         self.pending = np.zeros(n, np.int16)
         self._scratch = np.zeros(n, np.int16)
+        self.dyn_offset = 0           # byte offset of the dynamic pool (after the static allocations)
         self.names = names            # [(start, end, name, shape, dtype)] for describing addresses
 
     def describe(self, byte: int) -> tuple:

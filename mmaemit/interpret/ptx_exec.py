@@ -13,7 +13,7 @@ from .. import isa
 from ..errors import UnsupportedConfigError, choices
 from . import ptx
 from .intrinsics import cvta_to_shared
-from .machine import (_UINT_OF, SHARED_RID, _expr_dtype, _shared_check, cta_barrier, np_dtype, split_dtype)
+from .machine import _UINT_OF, SHARED_RID, _expr_dtype, _shared_check, cta_barrier, np_dtype
 from .memory import OFFSET_MASK, REGION_SHIFT
 
 #: PTX mma operand token -> canonical mmaemit dtype (to look the instruction up in mmaemit.isa)
