@@ -625,3 +625,28 @@ def thread_dependent_loops():
         Out[lane, 1] = acc[1]
 
     return loops
+
+
+def cp_async_sizes():
+    """Per lane: a 16-byte cp.async with src-size N[l] (bytes past N[l] are zero-filled) into row l of S, and an
+    8-byte cp.async.ca of A[l, 0:2] into row l of R. Out[l, 0:4] = S[l, :], Out[l, 4:6] = R[l, :]."""
+
+    @T.prim_func
+    def sizes(A: T.Buffer((32, 4), "uint32"), N: T.Buffer((32,), "uint32"), Out: T.Buffer((32, 6), "uint32")):
+        T.device_entry()
+        _bx = T.cta_id([1])
+        _w = T.warp_id([1])
+        lane = T.lane_id([32])
+        S = T.alloc_buffer((32, 4), "uint32", scope="shared", align=128)
+        R = T.alloc_buffer((32, 2), "uint32", scope="shared", align=128)
+        T.ptx["cp.async.cg.shared.global"](S.ptr_to([lane, 0]), A.ptr_to([lane, 0]), 16, N[lane])
+        T.ptx["cp.async.ca.shared.global"](R.ptr_to([lane, 0]), A.ptr_to([lane, 0]), 8)
+        T.ptx["cp.async.commit_group"]()
+        T.ptx["cp.async.wait_group"](0)
+        T.cuda.cta_sync()
+        for i in T.unroll(4):
+            Out[lane, i] = S[lane, i]
+        for i in T.unroll(2):
+            Out[lane, 4 + i] = R[lane, i]
+
+    return sizes

@@ -382,3 +382,14 @@ def test_per_lane_trip_counts_and_stepped_loops():
     assert interpret(K.thread_dependent_loops(), out, arch="sm_80").ok
     n = np.arange(32) % 5
     assert np.array_equal(out[:, 0], n * (n + 1) // 2) and np.all(out[:, 1] == 3 + 8 + 13 + 18)
+
+
+def test_cp_async_zero_fill_and_small_copies():
+    A = RNG.integers(1, 2 ** 32, (32, 4), dtype=np.uint64).astype(np.uint32)
+    N = RNG.integers(0, 17, 32).astype(np.uint32)
+    out = np.zeros((32, 6), np.uint32)
+    assert interpret(K.cp_async_sizes(), A, N, out, arch="sm_80").ok
+    src = A.view(np.uint8).reshape(32, 16)
+    want = np.where(np.arange(16)[None, :] < N[:, None], src, 0)
+    assert np.array_equal(out[:, :4].copy().view(np.uint8).reshape(32, 16), want)
+    assert np.array_equal(out[:, 4:], A[:, :2])

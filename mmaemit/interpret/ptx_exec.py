@@ -154,7 +154,7 @@ def _warps(st, site, what):
 def _shared_addr(st, v, site):
     """Shared-window byte addresses (T,) int64 from a shared-space address operand (uint32 or generic pointer)."""
     a = np.asarray(v)
-    if a.dtype == np.int64 or a.dtype == np.uint64 or (a.size and int(a.max()) >= (1 << 32)):
+    if a.size and int(a.max()) >= (1 << 32):       # a generic pointer (region id in the high bits): cvta it
         a = np.asarray(cvta_to_shared(st, a, site))
     return _T(st, a.astype(np.int64))
 
