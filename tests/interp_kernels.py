@@ -650,3 +650,27 @@ def cp_async_sizes():
             Out[lane, 4 + i] = R[lane, i]
 
     return sizes
+
+
+def shifted_tile(off):
+    """cp.async a 16x16 f16 tile from rows ``off..off+15`` of A (past its end when off > 0) and ldmatrix it at
+    element offset (off, off) of the 16x16 shared tile: misaligned and out of bounds when off > 0."""
+
+    @T.prim_func
+    def shifted(A: T.Buffer((16, 16), "float16"), Out: T.Buffer((32, 4), "uint32")):
+        T.device_entry()
+        _bx = T.cta_id([1])
+        _w = T.warp_id([1])
+        lane = T.lane_id([32])
+        Xs = T.alloc_buffer((16, 16), "float16", scope="shared", align=128)
+        r = T.alloc_local((4,), "uint32")
+        T.ptx["cp.async.cg.shared.global"](Xs.ptr_to([lane // 2, (lane % 2) * 8]),
+                                           A.ptr_to([lane // 2 + off, (lane % 2) * 8]), 16)
+        T.ptx["cp.async.wait_all"]()
+        T.cuda.cta_sync()
+        T.ptx.ldmatrix.sync.aligned.m8n8.x4.shared.b16(r[0], r[1], r[2], r[3],
+                                                       Xs.ptr_to([lane % 16 + off, 8 * (lane // 16) + off]))
+        for i in T.unroll(4):
+            Out[lane, i] = r[i]
+
+    return shifted

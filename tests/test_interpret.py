@@ -393,3 +393,16 @@ def test_cp_async_zero_fill_and_small_copies():
     want = np.where(np.arange(16)[None, :] < N[:, None], src, 0)
     assert np.array_equal(out[:, :4].copy().view(np.uint8).reshape(32, 16), want)
     assert np.array_equal(out[:, 4:], A[:, :2])
+
+
+def test_shifted_tile_reports_every_fault_in_report_mode():
+    A = _randn((16, 16))
+    out = np.zeros((32, 4), np.uint32)
+    with pytest.raises(OutOfBoundsError, match="global buffer A"):
+        interpret(K.shifted_tile(1), A, out, arch="sm_80")
+    report = interpret(K.shifted_tile(1), A, out, arch="sm_80", on_error="report")
+    kinds = sorted((d.kind, "ldmatrix" in d.location) for d in report.diagnostics)
+    assert kinds == [("misaligned", True), ("out_of_bounds", False), ("out_of_bounds", True)]
+    (cp,) = [d for d in report.of_kind("out_of_bounds") if "ldmatrix" not in d.location]
+    assert (cp.buffer, cp.index, cp.thread) == ("A", 256, 30)     # lane 30 copies row 16 of a 16-row tensor
+    assert interpret(K.shifted_tile(0), A, out, arch="sm_80").ok

@@ -203,7 +203,10 @@ class Recorder:
             stat = BankConflictStat(op=op, location=site.text())
             self.banks[id(site)] = stat
         addr = np.broadcast_to(np.asarray(byte_addr, np.int64), (st.T,)).reshape(st.W, 32)
-        act2 = None if act is None else np.asarray(act).reshape(st.W, 32)
+        aligned = (addr % access_bytes) == 0       # misaligned lanes were reported as errors; not a bank question
+        act2 = aligned if act is None else (np.asarray(act).reshape(st.W, 32) & aligned)
+        if act2.all():
+            act2 = None
         for w in range(st.W):
             m = None if act2 is None else act2[w]
             if m is not None and not m.any():
