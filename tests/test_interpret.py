@@ -406,3 +406,14 @@ def test_shifted_tile_reports_every_fault_in_report_mode():
     (cp,) = [d for d in report.of_kind("out_of_bounds") if "ldmatrix" not in d.location]
     assert (cp.buffer, cp.index, cp.thread) == ("A", 256, 30)     # lane 30 copies row 16 of a 16-row tensor
     assert interpret(K.shifted_tile(0), A, out, arch="sm_80").ok
+
+
+def test_mmaemit_interpret_is_callable_whichever_import_came_first():
+    import mmaemit
+    import mmaemit.interpret as package
+
+    A, B = _randn((16, 16)), _randn((16, 8))
+    for fn in (mmaemit.interpret, package):
+        C = np.zeros((16, 8), np.float32)
+        assert fn(K.mma_tile_f16(), A, B, C, arch="sm_80").ok
+        np.testing.assert_allclose(C, A.astype(np.float64) @ B.astype(np.float64), rtol=1e-5, atol=1e-5)

@@ -6,6 +6,9 @@ vectorized in numpy (``machine``); PTX instructions follow ``ptx`` (bit-exact nu
 own). The returned ``InterpretReport`` lists diagnostics (out-of-bounds, uninitialized shared reads, shared-memory
 races, cp.async reads before the wait, ...), shared-memory bank conflicts per instruction and run statistics.
 """
+import sys as _sys
+import types as _types
+
 from .api import DEFAULT_ARCH, enabled, interpret
 from .diagnostics import (AssertionFailedError, BankConflictStat, CpAsyncBeforeWaitError, Diagnostic,
                           DivergenceError, InterpretReport, KernelFault, MisalignedAccessError, OutOfBoundsError,
@@ -15,3 +18,14 @@ from .lowering import lower
 __all__ = ["interpret", "enabled", "lower", "InterpretReport", "Diagnostic", "BankConflictStat", "KernelFault",
            "OutOfBoundsError", "UninitializedReadError", "SharedMemoryRaceError", "CpAsyncBeforeWaitError",
            "MisalignedAccessError", "DivergenceError", "AssertionFailedError", "DEFAULT_ARCH"]
+
+
+class _CallablePackage(_types.ModuleType):
+    """``mmaemit.interpret`` names both this package and the function (``mmaemit.__init__`` exports it lazily); once
+    the package is imported it shadows the lazy attribute, so calling the package calls ``interpret``."""
+
+    def __call__(self, *args, **kwargs):
+        return interpret(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallablePackage
