@@ -25,6 +25,8 @@ _LAZY = {
     "compile": "mmaemit.runtime",
     "Kernel": "mmaemit.runtime",
     "interpret": "mmaemit.interpret",
+    "InterpretReport": "mmaemit.interpret",
+    "KernelFault": "mmaemit.interpret",
     "dequant": "mmaemit.dequant",
 }
 

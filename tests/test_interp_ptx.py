@@ -228,22 +228,22 @@ def test_cvt_f8x2_to_f16x2_every_byte_pair(fmt, decode):
 # ---------------------------------------------------------------------------------------------------------------------
 
 def test_fragment_coordinates_match_isa_figures():
-    r, c = ptx.mma_a_coords(16, 16, 16)           # f16 m16n8k16, lane 5: groupID 1, threadID_in_group 1
+    r, c = ptx.mma_a_coords((16, 8, 16), "f16", "f16", "f32")           # f16 m16n8k16, lane 5: groupID 1, threadID_in_group 1
     assert list(zip(r[5], c[5])) == [(1, 2), (1, 3), (9, 2), (9, 3), (1, 10), (1, 11), (9, 10), (9, 11)]
-    k, n = ptx.mma_b_coords(16, 8, 16)
+    k, n = ptx.mma_b_coords((16, 8, 16), "f16", "f16", "f32")
     assert list(zip(k[5], n[5])) == [(2, 1), (3, 1), (10, 1), (11, 1)]
-    r, c = ptx.mma_c_coords(16, 8)
+    r, c = ptx.mma_c_coords((16, 8, 16), "f16", "f16", "f32")
     assert list(zip(r[5], c[5])) == [(1, 2), (1, 3), (9, 2), (9, 3)]
-    r, c = ptx.mma_a_coords(16, 32, 8)            # s8 m16n8k32, lane 6: groupID 1, threadID_in_group 2
+    r, c = ptx.mma_a_coords((16, 8, 32), "s8", "s8", "s32")            # s8 m16n8k32, lane 6: groupID 1, threadID_in_group 2
     assert list(zip(r[6][::4], c[6][::4])) == [(1, 8), (9, 8), (1, 24), (9, 24)]
     assert list(c[6][:4]) == [8, 9, 10, 11]
-    k, n = ptx.mma_b_coords(32, 8, 8)
+    k, n = ptx.mma_b_coords((16, 8, 32), "s8", "s8", "s32")
     assert list(k[6]) == [8, 9, 10, 11, 24, 25, 26, 27] and set(n[6]) == {1}
-    r, c = ptx.mma_a_coords(16, 8, 32)            # tf32 m16n8k8, lane 7: groupID 1, threadID_in_group 3
+    r, c = ptx.mma_a_coords((16, 8, 8), "tf32", "tf32", "f32")            # tf32 m16n8k8, lane 7: groupID 1, threadID_in_group 3
     assert list(zip(r[7], c[7])) == [(1, 3), (9, 3), (1, 7), (9, 7)]
-    k, n = ptx.mma_b_coords(8, 8, 32)
+    k, n = ptx.mma_b_coords((16, 8, 8), "tf32", "tf32", "f32")
     assert list(zip(k[7], n[7])) == [(3, 1), (7, 1)]
-    r, c = ptx.mma_a_coords(16, 64, 4)            # s4 m16n8k64, lane 6
+    r, c = ptx.mma_a_coords((16, 8, 64), "s4", "s4", "s32")            # s4 m16n8k64, lane 6
     assert (r[6][0], c[6][0], r[6][16], c[6][16], c[6][7]) == (1, 16, 1, 48, 23)
 
 

@@ -14,11 +14,13 @@ Semantics are transcribed from the PTX ISA (9.x) instruction descriptions:
   compare float results with a tolerance), integer MMAs are exact with int32 wrap-around or ``.satfinite`` clamping.
 
 Fragment maps (which lane holds which matrix element) are the PTX ISA tables for ``mma.m16n8k*`` and ``ldmatrix``;
-they are written as functions (``mma_a_coords`` etc.) so that a shared layout object can replace them later.
+they are read from the shared layout objects (``mmaemit.layouts.mma_fragment``) through ``mma_a_coords`` etc.
 """
 from __future__ import annotations
 
 import ml_dtypes
+import functools
+
 import numpy as np
 
 __all__ = [
@@ -478,55 +480,34 @@ MMA_ELEMENT_BITS = {"f16": 16, "bf16": 16, "tf32": 32, "e4m3": 8, "e5m2": 8, "s8
                     "f32": 32, "s32": 32}
 
 
-def _lane_parts():
-    lane = np.arange(32)
-    return lane // 4, lane % 4          # groupID, threadID_in_group
+@functools.lru_cache(maxsize=None)
+def _fragment_coords(shape, atype, btype, dtype, operand):
+    """(row, col) arrays (32, elems) of an mma operand, read from the shared layout objects (mmaemit.layouts)."""
+    from .. import isa
+    from ..layouts import mma_fragment
+
+    m, n, k = shape
+    for ins in isa.MMA_TABLE:
+        if (ins.m, ins.n, ins.k, ins.a_ptx, ins.b_ptx, ins.accum_ptx) == (m, n, k, atype, btype, dtype):
+            t = mma_fragment(ins, operand).table()          # (32, regs, elems_per_reg, 2)
+            t = t.reshape(32, -1, 2)
+            return t[..., 0], t[..., 1]
+    raise NotImplementedError(f"mma m{m}n{n}k{k} .{dtype}.{atype}.{btype} is not in mmaemit.isa.MMA_TABLE")
 
 
-def mma_a_coords(m: int, k: int, bits: int):
-    """(row, col) of every A element held by each lane: arrays (32, elems), element j = reg j//epr, bits (j%epr)*bits.
-
-    PTX m16n8k*: register i holds row ``groupID + 8*(i % 2)``, columns ``threadID_in_group*epr + e + 4*epr*(i // 2)``
-    (epr = elements per 32-bit register).
-    """
-    if m != 16:
-        raise NotImplementedError(f"mma A fragment for m={m}")
-    epr = 32 // bits
-    nregs = m * k * bits // (32 * 32)
-    g, t = _lane_parts()
-    rows, cols = [], []
-    for i in range(nregs):
-        for e in range(epr):
-            rows.append(g + 8 * (i % 2))
-            cols.append(t * epr + e + 4 * epr * (i // 2))
-    return np.stack(rows, 1), np.stack(cols, 1)
+def mma_a_coords(shape, atype, btype, dtype):
+    """(row, col) of every A element per lane: element j = register j // epr, bits (j % epr) * bits."""
+    return _fragment_coords(tuple(shape), atype, btype, dtype, "A")
 
 
-def mma_b_coords(k: int, n: int, bits: int):
-    """(k, n) of every B element per lane: register i holds ``k = threadID_in_group*epr + e + 4*epr*i``,
-    ``n = groupID``."""
-    if n != 8:
-        raise NotImplementedError(f"mma B fragment for n={n}")
-    epr = 32 // bits
-    nregs = k * n * bits // (32 * 32)
-    g, t = _lane_parts()
-    ks, ns = [], []
-    for i in range(nregs):
-        for e in range(epr):
-            ks.append(t * epr + e + 4 * epr * i)
-            ns.append(g)
-    return np.stack(ks, 1), np.stack(ns, 1)
+def mma_b_coords(shape, atype, btype, dtype):
+    """(k, n) of every B element per lane."""
+    return _fragment_coords(tuple(shape), atype, btype, dtype, "B")
 
 
-def mma_c_coords(m: int, n: int):
-    """(row, col) of the 4 accumulator elements per lane: element j -> row ``groupID + 8*(j//2)``,
-    col ``2*threadID_in_group + j%2`` (f32/s32: one per register; f16: two per register, j = 2*reg + half)."""
-    if (m, n) != (16, 8):
-        raise NotImplementedError(f"mma C fragment for m{m}n{n}")
-    g, t = _lane_parts()
-    rows = np.stack([g + 8 * (j // 2) for j in range(4)], 1)
-    cols = np.stack([2 * t + j % 2 for j in range(4)], 1)
-    return rows, cols
+def mma_c_coords(shape, atype, btype, dtype):
+    """(row, col) of every accumulator element per lane (f16: two per register, low half first)."""
+    return _fragment_coords(tuple(shape), atype, btype, dtype, "C")
 
 
 def _unpack(regs, ptype):
@@ -568,9 +549,10 @@ def mma_sync(shape, atype, btype, ctype, dtype, a, b, c, *, satfinite: bool = Fa
     m, n, k = shape
     abits, bbits = MMA_ELEMENT_BITS[atype], MMA_ELEMENT_BITS[btype]
     W = a.shape[0]
-    ar, ac = mma_a_coords(m, k, abits)
-    bk, bn = mma_b_coords(k, n, bbits)
-    cr, cc = mma_c_coords(m, n)
+    key = (tuple(shape), atype, btype, dtype)
+    ar, ac = mma_a_coords(*key)
+    bk, bn = mma_b_coords(*key)
+    cr, cc = mma_c_coords(*key)
     integer = dtype == "s32"
     acc_t = np.int64 if integer else np.float64
     A = np.zeros((W, m, k), acc_t)
