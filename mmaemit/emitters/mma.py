@@ -265,7 +265,7 @@ class TensorCoreIntrinEmitter:
             _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, tmp[0]))
 
     def stmatrix(self, C_frag, C_buf, *, warp, lane, layout=None, block_row=0, block_col=0, use_stmatrix=None,
-                 transpose=False, num=None):
+                 transpose=False, num=None, row_limit=None):
         """Store this warp's accumulators to ``C_buf`` (shared or global), converting to ``C_buf``'s dtype.
 
         Shared, 16-bit output, sm_90+ (``arch`` given): PTX ``stmatrix.sync.aligned.m8n8.x{2,4}[.trans].shared.b16``
@@ -274,7 +274,8 @@ class TensorCoreIntrinEmitter:
         C^T: element (m, n) goes to ``C_buf[n, m]`` (``.trans``). ``C_buf`` may be a region; ``block_row`` /
         ``block_col`` add ``block_m`` / ``block_n`` multiples (the CTA's tile) to the (m, n) origin. ``num``
         (1, 2 or 4) picks stmatrix.x{num}: a micro tile holds ``2 * n_tile // 8`` 8x8 matrices, stored by as many
-        instructions as needed (default: one). With
+        instructions as needed (default: one). ``row_limit``: skip rows m >= row_limit (a C with fewer rows than the
+        tile, e.g. a GEMV with M < 16; plain stores only). With
         ``reduce_k > 1`` only the ``warp_k == 0`` group stores (call ``reduce_accumulators`` first). Output dtypes:
         float32 accumulators -> float32/float16/bfloat16; float16 -> float16/float32; int32 -> int32.
         """
@@ -302,7 +303,9 @@ class TensorCoreIntrinEmitter:
             return tuple(layout(*idx)) if layout is not None else idx
 
         with _ir.only_if(wk == 0 if self.reduce_k > 1 else None):
-            if can_ptx and use_stmatrix is not False:
+            if row_limit is not None and use_stmatrix:
+                raise UnsupportedConfigError("row_limit needs the plain-store path (use_stmatrix=False)")
+            if can_ptx and use_stmatrix is not False and row_limit is None:
                 self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose, num)
                 return
             lay = self.c_layout
@@ -319,7 +322,8 @@ class TensorCoreIntrinEmitter:
                                 for d, x in enumerate((x0, x1)):
                                     _ir.store(buf, _ir.cast(out, x), index(m, n + d))
                             else:
-                                self._store_pair(buf, index(m, n), C_frag, i, j, h, e, out, space)
+                                with _ir.only_if(m < row_limit if row_limit is not None else None):
+                                    self._store_pair(buf, index(m, n), C_frag, i, j, h, e, out, space)
 
     def _stmatrix_ptx(self, C_frag, buf, m_base, n_base, lane, index, out, transpose, num):
         from tvm.script import tirx as T
