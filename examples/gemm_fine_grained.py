@@ -46,6 +46,10 @@ class GemmConfig:
     stages: int = 3
     epilogue: str = "shared"  # "shared" (stmatrix + coalesced stores) or "global" (vector stores from registers)
     panel: int = 8            # CTA rasterization: tile-rows per panel for L2 reuse (1 = row-major launch order)
+    n_tile: int = None        # mma micro tile width: 8 or 16 (None: the emitter's choice)
+    reduce_k: int = 1         # warp groups splitting block_k (their partial sums are reduced through shared memory)
+    warp_order: str = "m_fast"
+    stmatrix_num: int = None  # stmatrix.x{1,2,4} for the shared epilogue on sm_90+ (None: widest)
 
 
 def _default_accum(dtype):
@@ -77,7 +81,8 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
         raise UnsupportedConfigError(f"epilogue must be one of {choices(['shared', 'global'])}")
     em = TensorCoreIntrinEmitter(dtype, b_dtype, accum_dtype, a_transposed=trans_a, b_transposed=trans_b,
                                  block_row_warps=cfg.block_m // cfg.warp_m, block_col_warps=cfg.block_n // cfg.warp_n,
-                                 warp_row_tiles=cfg.warp_m, warp_col_tiles=cfg.warp_n, chunk=cfg.block_k, arch=arch)
+                                 warp_row_tiles=cfg.warp_m, warp_col_tiles=cfg.warp_n, chunk=cfg.block_k, arch=arch,
+                                 n_tile=cfg.n_tile, reduce_k=cfg.reduce_k, warp_order=cfg.warp_order)
     BM, BN, S, THREADS, NW = em.block_m, em.block_n, cfg.stages, em.threads, em.num_warps
     KT = K // cfg.block_k
     # shared tiles as stored: 4-bit operands packed in uint8 (the emitter reads packed tiles), others as their dtype
@@ -98,6 +103,8 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
     a_shape, a_gdtype, _ = _packed_operand((K, M) if trans_a else (M, K), dtype)
     b_shape, b_gdtype, _ = _packed_operand((N, K) if trans_b else (K, N), b_dtype)
     use_smem_epilogue = cfg.epilogue == "shared"
+    REDUCE = cfg.reduce_k > 1
+    scratch_shape = em.reduce_scratch_shape if REDUCE else (1,)
     GM, GN = M // BM, N // BN
 
     @T.prim_func
@@ -112,7 +119,8 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
         pool = T.SMEMPool()
         As = pool.alloc((S, *a_tile), a_sdtype, align=1024)
         Bs = pool.alloc((S, *b_tile), b_sdtype, align=1024)
-        pool.move_base_to(0)  # the C staging tile reuses the pipeline's memory once the main loop is done
+        pool.move_base_to(0)  # the split-K scratch and the C staging tile reuse the pipeline's memory after the loop
+        Scratch = pool.alloc(scratch_shape, em.c_fragment_dtype, align=1024)
         Cs = pool.alloc((BM, BN), out_dtype, align=1024)
         pool.commit()
         A_frag, B_frag, C_frag = em.alloc_fragments()
@@ -159,9 +167,12 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
                 em.ldmatrix_b(B_frag, Bs[ko % S, 0:b_tile[0], 0:b_tile[1]], ki, warp=warp, lane=lane, layout=swz_b)
                 em.mma(A_frag, B_frag, C_frag)
         T.ptx["cp.async.wait_group"](0)
+        if use_smem_epilogue or REDUCE:
+            T.cuda.cta_sync()  # every warp is done reading the A/B stages that Scratch and Cs overlay
+        if REDUCE:
+            em.reduce_accumulators(C_frag, Scratch, warp=warp, lane=lane)
         if use_smem_epilogue:
-            T.cuda.cta_sync()  # every warp is done reading the A/B stages that Cs overlays
-            em.stmatrix(C_frag, Cs, warp=warp, lane=lane, layout=swz_c)
+            em.stmatrix(C_frag, Cs, warp=warp, lane=lane, layout=swz_c, num=cfg.stmatrix_num)
             T.cuda.cta_sync()
             for t in T.unroll(C_ITERS):
                 q = T.meta_var(tid + t * THREADS)

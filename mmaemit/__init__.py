@@ -6,6 +6,7 @@ Public API (imported lazily, so ``import mmaemit`` does not load TVM until you u
 * ``make_mma_swizzle_layout`` - bank-conflict-free shared-memory swizzles (``mmaemit.layouts``)
 * ``compile`` / ``Kernel`` - build a PrimFunc for an arch, call it on torch tensors, read its SASS (``mmaemit.runtime``)
 * ``isa`` - the instruction table every check reads
+* ``dequant`` - exact low-bit weight formats, quantize / pack / fragment order, GPTQ and BitBLAS import
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import importlib
 
 from . import isa
 from .arch import Arch, as_arch
-from .errors import ArchError, ArgumentError, MmaemitError, TileShapeError, UnsupportedConfigError
+from .errors import (ArchError, ArgumentError, LayoutError, MmaemitError, PerformanceWarning, TileShapeError,
+                     ToolchainError, UnsupportedConfigError)
 
 __version__ = "0.1.0"
 
@@ -23,15 +25,19 @@ _LAZY = {
     "compile": "mmaemit.runtime",
     "Kernel": "mmaemit.runtime",
     "interpret": "mmaemit.interpret",
+    "InterpretReport": "mmaemit.interpret",
+    "KernelFault": "mmaemit.interpret",
+    "dequant": "mmaemit.dequant",
 }
 
 __all__ = ["isa", "Arch", "as_arch", "MmaemitError", "ArchError", "ArgumentError", "TileShapeError",
-           "UnsupportedConfigError", *_LAZY]
+           "UnsupportedConfigError", "LayoutError", "ToolchainError", "PerformanceWarning", *_LAZY]
 
 
 def __getattr__(name):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__ == f"mmaemit.{name}" else getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'mmaemit' has no attribute {name!r}")

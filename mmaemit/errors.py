@@ -21,6 +21,14 @@ class ArgumentError(MmaemitError):
     """A kernel argument that does not match the compiled signature (device, dtype, shape, contiguity)."""
 
 
+class ToolchainError(RuntimeError):
+    """A CUDA tool mmaemit needs (nvcc, cuobjdump) is missing or failed; the message says how to get it."""
+
+
+class PerformanceWarning(UserWarning):
+    """The kernel is valid but takes a known slow path on the target (e.g. an mma.sync that ptxas emulates)."""
+
+
 def choices(values) -> str:
     """Render valid choices for an error message, sorted and quoted."""
     vals = set(values)

@@ -15,6 +15,7 @@ Facts (PTX ISA 9.x, "Warp-level matrix multiply-accumulate instructions" and "ld
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 
 from . import dtypes as _dt
@@ -23,7 +24,7 @@ from .errors import ArchError, UnsupportedConfigError, choices
 
 __all__ = [
     "MmaInstr", "MatrixMoveInstr", "Feature", "MMA_TABLE", "MATRIX_MOVE_TABLE", "FEATURES",
-    "find_mma", "select_mma", "matrix_move", "require_feature", "check_mma_arch",
+    "find_mma", "select_mma", "matrix_move", "require_feature", "check_mma_arch", "feature_of_ptx",
 ]
 
 
@@ -108,6 +109,17 @@ class MmaInstr:
     def describe(self) -> str:
         return f"{self.shape_name} {self.a_dtype} x {self.b_dtype} -> {self.accum_dtype} (>= {self.min_arch})"
 
+    def b_fragment_coord(self, lane, i):
+        """(k, n) of B element ``b_i`` held by ``lane`` (numpy arrays broadcast). 16-bit operands only.
+
+        PTX ISA "Matrix fragments for mma.m16n8k16 / mma.m16n8k8 with floating point type": groupID = lane >> 2,
+        threadID_in_group = lane % 4; k = 2 * threadID_in_group + (i & 1) (+ 8 for i >= 2), n = groupID. Elements
+        b_{2r}, b_{2r+1} share 32-bit register r, b_{2r} in the low 16 bits.
+        """
+        if self.operand_bits != 16:
+            raise UnsupportedConfigError(f"B fragment map is tabulated for 16-bit operands only, not {self.b_dtype}")
+        return 2 * (lane % 4) + (i & 1) + 8 * (i >= 2), lane // 4
+
 
 def _mma_table():
     t = []
@@ -166,21 +178,50 @@ class Feature:
     ptx: str
     min_arch: str
     note: str = ""
+    #: regexes over a full PTX mnemonic ("cp.async.cg.shared.global"); any match means the instruction needs the feature
+    patterns: tuple = ()
+
+    def matches(self, mnemonic: str) -> bool:
+        return any(re.search(p, mnemonic) for p in self.patterns)
 
 
 FEATURES = {f.name: f for f in (
-    Feature("cp.async", "cp.async.cg.shared.global", "sm_80"),
-    Feature("ldmatrix", "ldmatrix.sync.aligned.m8n8", "sm_75"),
-    Feature("stmatrix", "stmatrix.sync.aligned.m8n8", "sm_90"),
-    Feature("cvt.e4m3x2", "cvt.rn.f16x2.e4m3x2", "sm_89"),
-    Feature("cvt.e5m2x2", "cvt.rn.f16x2.e5m2x2", "sm_89"),
-    Feature("cvt.e2m1x2", "cvt.rn.f16x2.e2m1x2", "sm_100a"),
+    Feature("cp.async", "cp.async.cg.shared.global", "sm_80",
+            patterns=(r"^cp\.async\.(ca|cg|commit_group|wait_group|wait_all|mbarrier)(\.|$)",)),
+    Feature("ldmatrix", "ldmatrix.sync.aligned.m8n8", "sm_75", patterns=(r"^ldmatrix\.sync\.aligned\.m8n8\.",)),
+    Feature("stmatrix", "stmatrix.sync.aligned.m8n8", "sm_90", patterns=(r"^stmatrix\.sync\.aligned\.m8n8\.",)),
+    Feature("cvt.e4m3x2", "cvt.rn.f16x2.e4m3x2", "sm_89", patterns=(r"^cvt\.(.*\.)?e4m3x2(\.|$)",)),
+    Feature("cvt.e5m2x2", "cvt.rn.f16x2.e5m2x2", "sm_89", patterns=(r"^cvt\.(.*\.)?e5m2x2(\.|$)",)),
+    Feature("cvt.e2m1x2", "cvt.rn.f16x2.e2m1x2", "sm_100a", patterns=(r"^cvt\.(.*\.)?e2m1x2(\.|$)",)),
     Feature("add.bf16x2", "add.bf16x2 / sub.bf16x2 / mul.bf16x2", "sm_90",
-            note="on sm_80-89 use fma.rn.bf16x2 with 1.0"),
-    Feature("fence.proxy.async", "fence.proxy.async.shared::cta", "sm_90"),
-    Feature("wgmma", "wgmma.mma_async.sync.aligned", "sm_90a"),
-    Feature("setmaxnreg", "setmaxnreg", "sm_90a"),
+            note="on sm_80-89 use fma.rn.bf16x2 with 1.0", patterns=(r"^(add|sub|mul)\.(.*\.)?bf16(x2)?$",)),
+    Feature("fence.proxy.async", "fence.proxy.async.shared::cta", "sm_90", patterns=(r"^fence\.proxy\.async(\.|$)",)),
+    Feature("wgmma", "wgmma.mma_async.sync.aligned", "sm_90a", patterns=(r"^wgmma\.",)),
+    Feature("setmaxnreg", "setmaxnreg", "sm_90a", patterns=(r"^setmaxnreg(\.|$)",)),
+    # ptxas 13.0 rejects each of the following below sm_90 ("requires .target sm_90 or higher") and accepts it on sm_90
+    Feature("cp.async.bulk", "cp.async.bulk / cp.reduce.async.bulk (TMA)", "sm_90",
+            patterns=(r"^cp\.(reduce\.)?async\.bulk(\.|$)",)),
+    Feature("mbarrier.tx", "mbarrier.try_wait / mbarrier.expect_tx / .complete_tx", "sm_90",
+            patterns=(r"^mbarrier\.(.*\.)?(try_wait|expect_tx|complete_tx)(\.|$)",)),
+    Feature("elect.sync", "elect.sync", "sm_90", patterns=(r"^elect\.sync(\.|$)",)),
+    Feature("barrier.cluster", "barrier.cluster.arrive / barrier.cluster.wait", "sm_90",
+            patterns=(r"^barrier\.cluster(\.|$)",)),
+    Feature("cluster.address", "mapa / getctarank (distributed shared memory)", "sm_90",
+            patterns=(r"^(mapa|getctarank)(\.|$)",)),
+    Feature("griddepcontrol", "griddepcontrol.wait / launch_dependents", "sm_90", patterns=(r"^griddepcontrol(\.|$)",)),
+    Feature("fence.proxy.tensormap", "fence.proxy.tensormap::generic", "sm_90",
+            patterns=(r"^fence\.proxy\.tensormap",)),
+    # ptxas 13.0 rejects tcgen05 on sm_89/sm_90/sm_90a and accepts it on sm_100a
+    Feature("tcgen05", "tcgen05.*", "sm_100a", patterns=(r"^tcgen05\.",)),
 )}
+
+
+def feature_of_ptx(mnemonic: str):
+    """The ``FEATURES`` entry gating the PTX mnemonic (e.g. "cp.async.bulk.tensor.2d..."), or None if none does."""
+    for f in FEATURES.values():
+        if f.matches(mnemonic):
+            return f
+    return None
 
 
 def find_mma(a_dtype=None, b_dtype=None, accum_dtype=None, k=None):

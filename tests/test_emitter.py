@@ -109,20 +109,23 @@ def test_ldmatrix_plan_delivers_the_mma_fragment(ins, operand, kc, n_tile):
     assert len(seen) == plan.rows * plan.cols
 
 
-@pytest.mark.parametrize("n_tile, transpose", list(itertools.product([8, 16], [False, True])))
-def test_accumulator_stmatrix_plan_matches_c_fragment(n_tile, transpose):
-    """stmatrix(.trans) with the plan's addresses writes every accumulator to its (m, n) (C^T when transposed)."""
+@pytest.mark.parametrize("n_tile, transpose, per", [(n, t, p) for n in (8, 16) for t in (False, True)
+                                                    for p in (1, 2, 4) if p <= n // 4])
+def test_accumulator_stmatrix_plan_matches_c_fragment(n_tile, transpose, per):
+    """stmatrix.x{per}(.trans) with the plan's addresses writes every accumulator to its (m, n) (C^T if transposed)."""
     ins = isa.select_mma("float16", "float16", "float32")
     plan = accumulator_store_plan(n_tile, transpose)
-    stm = matrix_move_layout(plan.num, transpose)
+    stm = matrix_move_layout(per, transpose)
     frag = mma_fragment(ins, "C")
     written = set()
     for lane in range(32):
         for q in range(plan.num):
             h, pair = divmod(q, 2)
+            first, reg = divmod(q, per)
+            first *= per
             for half in range(2):
-                matrix, row, col = stm.forward(lane, q, half)       # element position in the stored matrix
-                m0, n0 = plan.lane_address(stm.lane_of_address(matrix, row))
+                matrix, row, col = stm.forward(lane, reg, half)     # element position in the stored matrix
+                m0, n0 = plan.lane_address(stm.lane_of_address(matrix, row), first, per)
                 got = (m0 + col, n0) if transpose else (m0, n0 + col)
                 r, c = frag.forward(lane, 2 * pair + half, 0)
                 assert got == (r, c + 8 * h)

@@ -53,3 +53,9 @@ def test_k_selection():
     assert isa.select_mma("float16", "float16", "float32", k=8).k == 8
     with pytest.raises(UnsupportedConfigError, match="valid k"):
         isa.select_mma("float16", "float16", "float32", k=32)
+
+
+def test_instructions_older_than_sm_80_pass_the_gate():
+    # ldmatrix's minimum arch (sm_75) lies below mmaemit's sm_80 floor: checking it must not reject the *minimum*
+    assert isa.matrix_move("ldmatrix", 4, trans=True, arch="sm_80").min_arch == "sm_75"
+    assert isa.require_feature("ldmatrix", "sm_90a").name == "ldmatrix"

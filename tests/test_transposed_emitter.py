@@ -158,23 +158,25 @@ def test_emulated_warp_gemm_places_every_accumulator(a, b, acc, k, warp, n_tile,
         seen |= {pa, pb}
     assert len(seen) == em.warp_rows * em.warp_cols * (n_tile // 8) * ins.c_elems
 
-    # PTX stmatrix rows: a row permutation is fine for plain stmatrix, a column one for .trans (the other raises)
+    # PTX stmatrix rows: a row permutation is fine for plain stmatrix, a column one for .trans (the other raises);
+    # the micro tile's ``num`` matrices may go out as x4, x2 or x1 instructions (``per`` matrices from ``first``)
     num = 2 * (n_tile // 8)
-    for transpose in (False, True):
+    for transpose, per in itertools.product((False, True), (1, 2, 4)):
         along_row = em.c_row_perm if transpose else em.c_col_perm
-        if along_row is not None:
+        if along_row is not None or per > num:
             continue
         for i, j, lane in itertools.product(range(em.warp_rows), range(em.warp_cols), range(32)):
             g, c = divmod(lane, 4)
             for q, half in itertools.product(range(num), range(2)):
                 e = (q // 2) * ins.c_elems + em._c_pairs[q % 2] + half
+                first = q - q % per
                 if transpose:   # register half -> stored row 2c + half (an n row) of matrix q, column g (m)
-                    m0, n = em._stmatrix_row(8 * q + 2 * c + half, i, j, num, True)
+                    m0, n = em._stmatrix_row(8 * (q - first) + 2 * c + half, i, j, first, per, True)
                     got = (m0 + g, n)
                 else:           # register -> row g (an m row) of matrix q, columns 2c, 2c + 1 (n)
-                    m, n0 = em._stmatrix_row(8 * q + g, i, j, num, False)
+                    m, n0 = em._stmatrix_row(8 * (q - first) + g, i, j, first, per, False)
                     got = (m, n0 + 2 * c + half)
-                assert got == tuple(em.accumulator_coords(lane, i, j, e)), (transpose, i, j, lane, q, half)
+                assert got == tuple(em.accumulator_coords(lane, i, j, e)), (transpose, per, i, j, lane, q, half)
 
 
 def test_permuted_layouts_reject_forced_stmatrix():

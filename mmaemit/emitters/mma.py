@@ -465,14 +465,17 @@ class TensorCoreIntrinEmitter:
             _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, tmp[0]))
 
     def stmatrix(self, C_frag, C_buf, *, warp, lane, layout=None, block_row=0, block_col=0, use_stmatrix=None,
-                 transpose=False):
+                 transpose=False, num=None, row_limit=None):
         """Store this warp's accumulators to ``C_buf`` (shared or global), converting to ``C_buf``'s dtype.
 
         Shared, 16-bit output, sm_90+ (``arch`` given): PTX ``stmatrix.sync.aligned.m8n8.x{2,4}[.trans].shared.b16``
         (``use_stmatrix=False`` forces plain stores). Otherwise one 2-element vector store per accumulator pair
         (``st.{shared,global}.v2.f32`` / ``.b32``), or element stores when transposed. ``transpose=True`` stores
         C^T: element (m, n) goes to ``C_buf[n, m]`` (``.trans``). ``C_buf`` may be a region; ``block_row`` /
-        ``block_col`` add ``block_m`` / ``block_n`` multiples (the CTA's tile) to the (m, n) origin. With
+        ``block_col`` add ``block_m`` / ``block_n`` multiples (the CTA's tile) to the (m, n) origin. ``num``
+        (1, 2 or 4) picks stmatrix.x{num}: a micro tile holds ``2 * n_tile // 8`` 8x8 matrices, stored by as many
+        instructions as needed (default: one). ``row_limit``: skip rows m >= row_limit (a C with fewer rows than the
+        tile, e.g. a GEMV with M < 16; plain stores only). With
         ``reduce_k > 1`` only the ``warp_k == 0`` group stores (call ``reduce_accumulators`` first). Output dtypes:
         float32 accumulators -> float32/float16/bfloat16; float16 -> float16/float32; int32 -> int32.
         Permuted accumulators (``c_row_perm`` / ``c_col_perm``) land at their true (m, n): PTX stmatrix takes per-row
@@ -511,35 +514,43 @@ class TensorCoreIntrinEmitter:
             return tuple(layout(*idx)) if layout is not None else idx
 
         with _ir.only_if(wk == 0 if self.reduce_k > 1 else None):
-            if can_ptx and use_stmatrix is not False and along_row is None:
-                self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose)
+            if row_limit is not None and use_stmatrix:
+                raise UnsupportedConfigError("row_limit needs the plain-store path (use_stmatrix=False)")
+            if can_ptx and use_stmatrix is not False and along_row is None and row_limit is None:
+                self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose, num)
                 return
             for a, b in self._c_store_pairs:
                 m, n = self.accumulator_coords(lane, *a)
                 m, n = m_base + m, n_base + n
-                if transpose:
-                    for d, slot in enumerate((a, b)):
-                        _ir.store(buf, _ir.cast(out, self._acc_value(C_frag, *slot)[0]), index(m, n + d))
-                else:
-                    self._store_pair(buf, index(m, n), C_frag, a, b, out, space)
+                with _ir.only_if(m < row_limit if row_limit is not None else None):
+                    if transpose:
+                        for d, slot in enumerate((a, b)):
+                            _ir.store(buf, _ir.cast(out, self._acc_value(C_frag, *slot)[0]), index(m, n + d))
+                    else:
+                        self._store_pair(buf, index(m, n), C_frag, a, b, out, space)
 
-    def _stmatrix_row(self, lane, i, j, num, transpose):
-        """(m, n) in the warp tile of the row start whose address ``lane`` gives to stmatrix.x{num}[.trans].
+    def _stmatrix_row(self, lane, i, j, first, per, transpose):
+        """(m, n) in the warp tile of the row start whose address ``lane`` gives to the stmatrix.x{per}[.trans] that
+        stores matrices ``first .. first + per - 1`` of micro tile (i, j).
 
-        Lane ``8 jm + r`` addresses row r of matrix jm = (n8 half jm // 2, row half jm % 2): fragment row
-        ``r + 8 (jm % 2)``; transposed, a stored row is fragment column r of n8 half jm // 2. Permutations apply
-        per row (the caller ensures none runs along the row).
+        Lane ``8 t + r`` addresses row r of matrix jm = first + t = (n8 half jm // 2, row half jm % 2): fragment row
+        ``r + 8 (jm % 2)``; transposed, a stored row is fragment column r of n8 half jm // 2 (the order of
+        ``AccumulatorStorePlan``). Permutations apply per row (the caller ensures none runs along the row).
         """
-        jm, r = (lane // 8) % num, lane % 8
+        jm, r = first + (lane // 8) % per, lane % 8
         if transpose:
             return self._m_of(i, 0, jm % 2), self._n_of(j, jm // 2, r)
         return self._m_of(i, r, jm % 2), self._n_of(j, jm // 2, 0)
 
-    def _stmatrix_ptx(self, C_frag, buf, m_base, n_base, lane, index, out, transpose):
+    def _stmatrix_ptx(self, C_frag, buf, m_base, n_base, lane, index, out, transpose, num):
         from tvm.script import tirx as T
 
         plan = accumulator_store_plan(self.n_tile, transpose)
-        instr = isa.matrix_move("stmatrix", plan.num, transpose, arch=self.arch)
+        per = plan.num if num is None else num
+        if per not in (1, 2, 4) or per > plan.num:
+            raise UnsupportedConfigError(f"stmatrix num for a 16x{self.n_tile} micro tile must be one of "
+                                         f"{choices(n for n in (1, 2, 4) if n <= plan.num)}, not {num!r}")
+        instr = isa.matrix_move("stmatrix", per, transpose, arch=self.arch)
         tmp = T.alloc_local((plan.num,), "uint32")
         c_elems = self.instruction.c_elems
         for i in range(self.warp_rows):
@@ -554,9 +565,10 @@ class TensorCoreIntrinEmitter:
                     else:
                         cvt = "cvt.rn.f16x2.f32" if out == "float16" else "cvt.rn.bf16x2.f32"
                         _ir.emit(_ir.ptx(cvt)(tmp[q], x1, x0))
-                m, n = self._stmatrix_row(lane, i, j, plan.num, transpose)
-                idx = index(m_base + m, n_base + n)
-                _ir.emit(_ir.ptx(instr.ptx())(buf.ptr_to(list(idx)), *[tmp[q] for q in range(plan.num)]))
+                for first in range(0, plan.num, per):
+                    m, n = self._stmatrix_row(lane, i, j, first, per, transpose)
+                    idx = index(m_base + m, n_base + n)
+                    _ir.emit(_ir.ptx(instr.ptx())(buf.ptr_to(list(idx)), *[tmp[q] for q in range(first, first + per)]))
 
     # ---- split-K across warp groups ------------------------------------------------------------------------
     @property

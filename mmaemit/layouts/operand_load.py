@@ -120,9 +120,14 @@ class AccumulatorStorePlan:
     num: int
     transpose: bool = False
 
-    def lane_address(self, lane):
-        """(m, n) of the first element of the stored row whose address ``lane`` supplies."""
-        j = (lane // 8) % self.num
+    def lane_address(self, lane, first: int = 0, per_instr: int | None = None):
+        """(m, n) of the first element of the stored row whose address ``lane`` supplies.
+
+        With ``per_instr`` < ``num`` the micro tile is stored by several narrower stmatrix (x1/x2): the instruction
+        covering matrices ``first .. first + per_instr - 1`` takes the addresses of lanes ``0 .. 8*per_instr-1``.
+        """
+        per = self.num if per_instr is None else per_instr
+        j = first + (lane // 8) % per
         if self.transpose:
             return 8 * (j % 2), 8 * (j // 2) + lane % 8
         return 8 * (j % 2) + lane % 8, 8 * (j // 2)

@@ -1,0 +1,130 @@
+"""W4A16 dequant GEMV / small-M GEMM composed from mmaemit's building blocks: C[M, N] = A[M, K] @ dequant(W)[N, K]^T.
+
+Weights: 4-bit codes with a per-(n, group) scale, packed once by :func:`mmaemit.dequant.kernel_layout.to_kernel_layout`
+(mma B-fragment order, a K permutation inside each 64-wide chunk, 16 bytes per lane per chunk). Small-M path
+(M <= 16) per CTA: ``k_slices`` warps each own a K slice of the same ``16 * n_blocks`` output columns.
+
+* weights: one 16-byte ``ld.global.nc`` per lane per n16 block and 64-wide K chunk, software-pipelined one chunk ahead
+  (double-buffered registers); they go global -> registers, never through shared memory;
+* activations: the K permutation makes a lane's A-fragment registers of a chunk 16 consecutive halfs of one row, so
+  two 16-byte loads per row fetch them (rows >= M are zero and never loaded);
+* decode: magic-number fast path (``lop3`` into 0x6400, exact ``sub.f16x2``, then the scale), straight into the mma
+  B-fragment registers; ``mma.sync m16n8k16`` through ``TensorCoreIntrinEmitter.mma``;
+* the K slices are summed with ``reduce_accumulators`` (shared memory) and warp 0 stores rows < M.
+
+    python -m examples.dequant_gemm         # needs a GPU
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mmaemit import TensorCoreIntrinEmitter
+from mmaemit.dequant.kernel_layout import CHUNK
+from mmaemit.dtypes import canonical
+from mmaemit.emitters import emit
+from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tile configuration of the small-M path."""
+
+    n_blocks: int = 4    # n16 blocks per warp: the warp's C tile is M x (16 * n_blocks)
+    k_slices: int = 8    # warps per CTA, each a K slice; partial sums reduced through shared memory
+
+
+def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None):
+    """Build ``gemv(A, W, S, C)``: A [M, K], W int32 [N/16, K/64, 32, 4], S [N, K/group] (A's dtype), C [M, N]."""
+    from tvm.script import tirx as T
+
+    dtype = canonical(dtype)
+    if dtype != "float16":
+        raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16'])} (bf16: planned)")
+    if not 1 <= M <= 16:
+        raise TileShapeError(f"the small-M path takes 1 <= M <= 16, not M={M}")
+    NB, KS = config.n_blocks, config.k_slices
+    BN = 16 * NB
+    G = K if group_size in (None, -1) else group_size
+    if N % BN:
+        raise TileShapeError(f"N={N} must be a multiple of 16 * n_blocks = {BN}")
+    if K % (CHUNK * KS * 2):
+        raise TileShapeError(f"K={K} must be a multiple of 64 * k_slices * 2 = {CHUNK * KS * 2}")
+    if G % CHUNK or K % G:
+        raise TileShapeError(f"group_size={group_size} must divide K and be a multiple of {CHUNK}")
+    CH = K // CHUNK // KS
+    em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1, block_col_warps=1,
+                                 warp_row_tiles=16, warp_col_tiles=BN, chunk=16 * KS, reduce_k=KS, n_tile=16,
+                                 arch=arch)
+    TWO_ROWS = M > 8
+
+    def decode_int4(word, out, scale_lo, scale_hi):
+        # 8 nibbles e0 e2 e4 e6 | e1 e3 e5 e7 -> 4 f16x2 B registers; (x & 0xF) ^ 8 | 0x6400 = 1024 + q + 8, exact
+        for i in range(4):
+            t = word if i == 0 else word >> T.uint32(4 * i)
+            emit(T.ptx.lop3.b32(out[i], t, T.uint32(0x000F000F), T.uint32(0x64086408), 0x6A))
+            emit(T.ptx.sub.f16x2(out[i], out[i], T.uint32(0x64086408)))
+            emit(T.ptx.fma.rn.f16x2(out[i], out[i], scale_lo if i < 2 else scale_hi, T.uint32(0x80008000)))
+
+    @T.prim_func
+    def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, 4), "int32"),
+             S: T.Buffer((N, K // G), dtype), C: T.Buffer((M, N), dtype)):
+        T.device_entry()
+        cta = T.cta_id([N // BN])
+        warp = T.warp_id([KS])
+        lane = T.lane_id([32])
+        pool = T.SMEMPool()
+        Scratch = pool.alloc(em.reduce_scratch_shape, "float32", align=128)
+        pool.commit()
+        A_frag, B_frag, C_frag = em.alloc_fragments()
+        em.fill_accumulators(C_frag)
+        wb = T.alloc_local((2, NB, 4), "uint32")
+        ab = T.alloc_local((2, 2, 8), "uint32")
+        sc = T.alloc_local((2, NB, 2), "uint32")
+        for q in T.unroll(32):
+            ab[q // 16, q // 8 % 2, q % 8] = T.uint32(0)
+        g = T.meta_var(lane // 4)
+        c = T.meta_var(lane % 4)
+
+        @T.inline
+        def load(buf, j):
+            kc = T.meta_var(warp * CH + j)
+            for nb in T.unroll(NB):
+                T.ptx["ld.global.nc.v4.b32"](wb[buf, nb, 0], wb[buf, nb, 1], wb[buf, nb, 2], wb[buf, nb, 3],
+                                             W.ptr_to([cta * NB + nb, kc, lane, 0]))
+                for h in T.unroll(2):
+                    sc[buf, nb, h] = T.Cast("uint32", T.reinterpret(
+                        "uint16", S[cta * BN + nb * 16 + h * 8 + g, kc * CHUNK // G])) * T.uint32(0x10001)
+            if g < M:
+                for half in T.unroll(2):
+                    T.ptx["ld.global.nc.v4.b32"](ab[buf, 0, 4 * half], ab[buf, 0, 4 * half + 1],
+                                                 ab[buf, 0, 4 * half + 2], ab[buf, 0, 4 * half + 3],
+                                                 A.ptr_to([g, kc * CHUNK + 16 * c + 8 * half]))
+            if TWO_ROWS:
+                if g + 8 < M:
+                    for half in T.unroll(2):
+                        T.ptx["ld.global.nc.v4.b32"](ab[buf, 1, 4 * half], ab[buf, 1, 4 * half + 1],
+                                                     ab[buf, 1, 4 * half + 2], ab[buf, 1, 4 * half + 3],
+                                                     A.ptr_to([g + 8, kc * CHUNK + 16 * c + 8 * half]))
+
+        @T.inline
+        def compute(buf):
+            for s in T.unroll(4):
+                A_frag[0, 0] = ab[buf, 0, 2 * s]
+                A_frag[0, 1] = ab[buf, 1, 2 * s]
+                A_frag[0, 2] = ab[buf, 0, 2 * s + 1]
+                A_frag[0, 3] = ab[buf, 1, 2 * s + 1]
+                for nb in T.unroll(NB):
+                    decode_int4(wb[buf, nb, s], [B_frag[nb, i] for i in range(4)], sc[buf, nb, 0], sc[buf, nb, 1])
+                em.mma(A_frag, B_frag, C_frag)
+
+        load(0, 0)
+        for jj in T.serial(CH // 2):
+            load(1, 2 * jj + 1)
+            compute(0)
+            if 2 * jj + 2 < CH:
+                load(0, 2 * jj + 2)
+            compute(1)
+        em.reduce_accumulators(C_frag, Scratch, warp=warp, lane=lane)
+        em.stmatrix(C_frag, C, warp=warp, lane=lane, block_col=cta, row_limit=M, use_stmatrix=False)
+
+    return gemv, em

@@ -1,0 +1,74 @@
+"""The weight layout the dequant GEMM/GEMV kernels read: fragment order + a K permutation + 16-byte lane groups.
+
+One layout serves every M (the small-M GEMV path and the tiled GEMM path read the same tensor). Built on top of
+:mod:`.fragment_order` (each lane's 32-bit word = its mma m16n8k16 B-fragment registers of one BN x BK block):
+
+1. **K permutation inside every 64-wide chunk.** The mma contracts over k in any order as long as A and B agree, so
+   the kernel uses logical index ``k'`` and real index ``k = perm(k')`` with, for ``k' = 16 s + 2 c + 8 h + e``
+   (s = k16 step 0..3, c = lane % 4, h = b0/b1 half, e = element 0/1)::
+
+       perm(k') = 16 c + 4 s + 2 h + e
+
+   Then lane c's A-fragment registers over the 4 steps of a chunk (a0/a2 of every step) hold A[m, 16c .. 16c+15] in
+   order: two 16-byte loads per A row instead of eight 4-byte loads. The weights are packed with the same
+   permutation, ``Wp[n, 64 j + k'] = W[n, 64 j + perm(k')]``. Groups of ``g`` (a multiple of 64, or K) are unchanged.
+2. **Lane groups.** ``fragment_order`` gives ``words[nb, kb, lane]`` (block BN x BK, BK = 16 for 4-bit); here the
+   words of 4 consecutive k16 blocks of a lane are adjacent, so a lane fetches a 64-wide chunk with one 16-byte load:
+   ``kernel_words[nb, kq, lane, j] = words[nb, 4 kq + j, lane]``, shape [N/BN, K/(4 BK), 32, 4].
+
+:func:`to_kernel_layout` builds it from codes [N, K]; :func:`from_kernel_layout` is its exact inverse.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TileShapeError
+from .fragment_order import pack_for_mma, tiling, unpack_from_mma
+
+CHUNK = 64
+
+
+def k_permutation(K: int) -> np.ndarray:
+    """``perm`` over ``range(K)``: logical k' -> real k (applied per 64-wide chunk). K must be a multiple of 64."""
+    if K % CHUNK:
+        raise TileShapeError(f"K={K} must be a multiple of {CHUNK} for the kernel layout")
+    kp = np.arange(CHUNK)
+    s, rem = kp // 16, kp % 16
+    h, rem = rem // 8, rem % 8
+    c, e = rem // 2, rem % 2
+    local = 16 * c + 4 * s + 2 * h + e
+    return (np.arange(0, K, CHUNK)[:, None] + local[None, :]).reshape(-1)
+
+
+def to_kernel_layout(codes, bits: int = 4):
+    """Codes [N, K] (uint8, one code per element) -> int32 kernel words [N/BN, K/(4 BK), 32, 4]."""
+    import torch
+
+    tl = tiling(bits)
+    if bits != 4:
+        raise TileShapeError(f"the kernel layout is defined for 4-bit weights (BK=16); got bits={bits}")
+    was_np = isinstance(codes, np.ndarray)
+    t = torch.as_tensor(codes)
+    N, K = t.shape
+    perm = torch.as_tensor(k_permutation(K), device=t.device)
+    words = pack_for_mma(t[:, perm], bits)                      # [N/BN, K/BK, 32]
+    nb, kb, _ = words.shape
+    out = words.reshape(nb, kb // 4, 4, 32).transpose(2, 3).contiguous()
+    assert tl["BK"] == 16
+    return out.numpy() if was_np else out
+
+
+def from_kernel_layout(kernel_words, bits: int = 4):
+    """Exact inverse of :func:`to_kernel_layout`: int32 [N/BN, K/64, 32, 4] -> uint8 codes [N, K]."""
+    import torch
+
+    was_np = isinstance(kernel_words, np.ndarray)
+    t = torch.as_tensor(kernel_words)
+    nb, kq, _, _ = t.shape
+    words = t.transpose(2, 3).reshape(nb, kq * 4, 32).contiguous()
+    codes_p = torch.as_tensor(unpack_from_mma(words, bits))
+    K = codes_p.shape[1]
+    inv = torch.empty(K, dtype=torch.long, device=codes_p.device)
+    inv[torch.as_tensor(k_permutation(K), device=codes_p.device)] = torch.arange(K, device=codes_p.device)
+    out = codes_p[:, inv]
+    return out.numpy() if was_np else out

@@ -1,0 +1,171 @@
+"""What the interpreter reports: diagnostics (with kernel location), bank-conflict counts and run statistics.
+
+Error kinds raise a ``KernelFault`` subclass when ``interpret(..., on_error="raise")`` (the default); with
+``on_error="report"`` they are collected in ``InterpretReport.diagnostics`` and the run continues (an out-of-bounds
+load then reads 0 and an out-of-bounds store is dropped). Bank conflicts are never errors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import MmaemitError
+
+__all__ = ["Diagnostic", "BankConflictStat", "InterpretReport", "KernelFault", "OutOfBoundsError",
+           "UninitializedReadError", "SharedMemoryRaceError", "CpAsyncBeforeWaitError", "DivergenceError",
+           "MisalignedAccessError", "AssertionFailedError", "ERROR_KINDS"]
+
+
+@dataclass
+class Diagnostic:
+    """One problem found while executing the kernel.
+
+    ``kind``: "out_of_bounds", "uninitialized_read", "race", "cp_async_before_wait", "misaligned", "divergence"
+    or "assert_failed" (all errors).
+    ``buffer``/``index``: the buffer as named in the lowered kernel and the element index (``index`` is the flat
+    element index; ``detail`` adds the multi-dimensional index of the source buffer when known).
+    ``thread``/``warp``/``lane``/``cta``: the first offending thread (thread index within the CTA).
+    ``location``: the lowered TIR statement and the enclosing loop variables. ``count``: how many times this
+    diagnostic (same kind, same statement) fired; only the first occurrence is described.
+    """
+
+    kind: str
+    message: str
+    buffer: str | None = None
+    index: int | None = None
+    thread: int | None = None
+    warp: int | None = None
+    location: str = ""
+    lane: int | None = None
+    cta: tuple = ()
+    detail: str = ""
+    count: int = 1
+
+    def __str__(self) -> str:
+        where = []
+        if self.buffer is not None:
+            where.append(f"buffer {self.buffer}" + (f"[{self.index}]" if self.index is not None else ""))
+        if self.detail and self.detail != f"{self.buffer}[{self.index}]":
+            where.append(f"= {self.detail}")
+        if self.thread is not None:
+            where.append(f"thread {self.thread} (warp {self.warp}, lane {self.lane})")
+        if self.cta:
+            where.append(f"CTA {self.cta}")
+        head = f"[{self.kind}] {self.message}"
+        if where:
+            head += " | " + ", ".join(where)
+        if self.location:
+            head += f"\n    at {self.location}"
+        if self.count > 1:
+            head += f"\n    (fired {self.count} times; first occurrence shown)"
+        return head
+
+
+@dataclass
+class BankConflictStat:
+    """Shared-memory bank conflicts of one instruction, summed over every warp-level execution.
+
+    ``conflicts``: extra wavefronts (0 = conflict-free), counted with ``mmaemit.layouts.banks``.
+    """
+
+    op: str
+    location: str
+    executions: int = 0
+    conflicts: int = 0
+    worst: int = 0
+
+    @property
+    def conflicts_per_execution(self) -> float:
+        return self.conflicts / self.executions if self.executions else 0.0
+
+
+@dataclass
+class InterpretReport:
+    """Result of ``mmaemit.interpret``: diagnostics, per-instruction bank conflicts and execution statistics."""
+
+    kernel: str = ""
+    arch: str = ""
+    diagnostics: list = field(default_factory=list)
+    bank_conflicts: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list:
+        return [d for d in self.diagnostics if d.kind in ERROR_KINDS]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def of_kind(self, kind: str) -> list:
+        return [d for d in self.diagnostics if d.kind == kind]
+
+    @property
+    def total_bank_conflicts(self) -> int:
+        return sum(b.conflicts for b in self.bank_conflicts)
+
+    def summary(self) -> str:
+        lines = [f"interpret {self.kernel} ({self.arch}): {len(self.errors)} error(s), "
+                 f"{self.total_bank_conflicts} bank-conflict wavefront(s)"]
+        for k, v in self.stats.items():
+            lines.append(f"  {k}: {v}")
+        for d in self.diagnostics:
+            lines.append("  " + str(d).replace("\n", "\n  "))
+        for b in self.bank_conflicts:
+            if b.conflicts:
+                lines.append(f"  bank conflicts {b.op}: {b.conflicts} over {b.executions} warp executions "
+                             f"(worst {b.worst}) at {b.location}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+class KernelFault(MmaemitError):
+    """The interpreted kernel did something undefined; ``.diagnostic`` says what and where, ``.report`` holds the
+    partial report up to the fault."""
+
+    kind = ""
+
+    def __init__(self, diagnostic: Diagnostic, report: InterpretReport | None = None):
+        super().__init__(str(diagnostic))
+        self.diagnostic = diagnostic
+        self.report = report
+
+
+class OutOfBoundsError(KernelFault):
+    kind = "out_of_bounds"
+
+
+class UninitializedReadError(KernelFault):
+    kind = "uninitialized_read"
+
+
+class SharedMemoryRaceError(KernelFault):
+    kind = "race"
+
+
+class CpAsyncBeforeWaitError(KernelFault):
+    kind = "cp_async_before_wait"
+
+
+class MisalignedAccessError(KernelFault):
+    """An ldmatrix/stmatrix row, cp.async or vector access whose address is not aligned to its size."""
+
+    kind = "misaligned"
+
+
+class AssertionFailedError(KernelFault):
+    kind = "assert_failed"
+
+
+class DivergenceError(KernelFault):
+    """A warp-collective instruction (ldmatrix, mma, shfl, ...) or a CTA barrier reached by only part of the
+    threads that must execute it together."""
+
+    kind = "divergence"
+
+
+#: kind -> exception class
+ERROR_KINDS = {c.kind: c for c in (OutOfBoundsError, UninitializedReadError, SharedMemoryRaceError,
+                                   CpAsyncBeforeWaitError, MisalignedAccessError, DivergenceError,
+                                   AssertionFailedError)}
