@@ -157,6 +157,13 @@ def test_emulated_warp_gemm_places_every_accumulator(a, b, acc, k, warp, n_tile,
             assert (m1, n1) == (m0, n0 + 1) and n0 % 2 == 0
         seen |= {pa, pb}
     assert len(seen) == em.warp_rows * em.warp_cols * (n_tile // 8) * ins.c_elems
+    # with a column permutation the pairs join into runs of 4 adjacent n (one 16-byte / 8-byte store)
+    assert (em._c_store_quads is not None) == (em.c_col_perm is not None)
+    for p, q in em._c_store_quads or ():
+        for lane in range(32):
+            m0, n0 = em.accumulator_coords(lane, *p[0])
+            assert n0 % 4 == 0
+            assert [em.accumulator_coords(lane, *s) for s in (*p, *q)] == [(m0, n0 + d) for d in range(4)]
 
     # PTX stmatrix rows: a row permutation is fine for plain stmatrix, a column one for .trans (the other raises);
     # the micro tile's ``num`` matrices may go out as x4, x2 or x1 instructions (``per`` matrices from ``first``)

@@ -113,6 +113,7 @@ class TensorCoreIntrinEmitter:
         self._check_c_rows()
         self._c_pairs = self._accumulator_pairs()
         self._c_store_pairs = self._store_pairs()
+        self._c_store_quads = self._store_quads()
 
     # ---- derived sizes -------------------------------------------------------------------------------------
     micro_m = property(lambda self: self.instruction.m, doc="rows of one mma micro tile (16)")
@@ -425,6 +426,23 @@ class TensorCoreIntrinEmitter:
             raise AssertionError("accumulators do not split into (n, n + 1) pairs")
         return sorted(pairs)
 
+    def _store_quads(self):
+        """The store pairs joined into (pair at n, pair at n + 2) with n % 4 == 0 for every lane, or None unless every
+        pair joins one. A column permutation gives each lane four adjacent n per row (n = S c .. S c + S - 1), so one
+        16-byte store (32-bit output) or 8-byte store (16-bit) writes them; without one a lane holds only pairs."""
+        coords = {}
+        for a, b in self._c_store_pairs:
+            coords[tuple(self.accumulator_coords(lane, *a) for lane in range(32))] = (a, b)
+        quads = []
+        for key, pair in coords.items():
+            if any(n % 4 for _, n in key):
+                continue
+            mate = coords.get(tuple((m, n + 2) for m, n in key))
+            if mate is None:
+                return None
+            quads.append((pair, mate))
+        return sorted(quads) if 2 * len(quads) == len(self._c_store_pairs) else None
+
     def _acc_value(self, C_frag, i, j, e):
         """(value as a PrimExpr of the accumulator type, its C_frag register, half) of element ``e``."""
         from tvm.script import tirx as T
@@ -437,32 +455,53 @@ class TensorCoreIntrinEmitter:
         return r, r, half
 
     # ---- registers -> memory -------------------------------------------------------------------------------
-    def _store_pair(self, buf, idx, C_frag, a, b, out_dtype, space):
+    def _value32(self, C_frag, slot, out_dtype):
+        """Accumulator ``slot`` as the 32-bit output value (float32 / int32)."""
+        from tvm.script import tirx as T
+
+        x = self._acc_value(C_frag, *slot)[0]
+        return T.Cast("float32", x) if out_dtype == "float32" and self.accum_dtype == "float16" else x
+
+    def _word16(self, C_frag, a, b, out_dtype):
+        """A uint32 holding accumulators ``a`` (low half) and ``b`` converted to the 16-bit ``out_dtype``."""
         from tvm.script import tirx as T
 
         x0, r0, h0 = self._acc_value(C_frag, *a)
         x1, r1, h1 = self._acc_value(C_frag, *b)
-        ptr = buf.ptr_to(list(idx))
-        acc = self.accum_dtype
-        if out_dtype == "float32":
-            if acc == "float16":
-                x0, x1 = T.Cast("float32", x0), T.Cast("float32", x1)
-            _ir.emit(_ir.ptx(f"st.{space}.v2.f32")(ptr, x0, x1))
-        elif acc == "int32":
-            _ir.emit(_ir.ptx(f"st.{space}.v2.b32")(ptr, x0, x1))
-        elif acc == "float16" and out_dtype == "float16":
+        if self.accum_dtype == "float16" and out_dtype == "float16":
             if a[:2] == b[:2] and self._acc_slot(a[2])[1] == self._acc_slot(b[2])[1] and (h0, h1) == (0, 1):
-                _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, r0))
-            else:  # the pair sits in two registers (column permutation): pack the halves with one prmt
-                tmp = T.alloc_local((1,), "uint32")
-                _ir.emit(T.ptx.prmt.b32(tmp[0], r0, r1, T.uint32((2 * h0) | (2 * h0 + 1) << 4
-                                                                  | (4 + 2 * h1) << 8 | (5 + 2 * h1) << 12)))
-                _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, tmp[0]))
-        else:
+                return r0
+            # the pair sits in two registers (column permutation): pack the halves with one prmt
             tmp = T.alloc_local((1,), "uint32")
-            cvt = "cvt.rn.f16x2.f32" if out_dtype == "float16" else "cvt.rn.bf16x2.f32"
-            _ir.emit(_ir.ptx(cvt)(tmp[0], x1, x0))
-            _ir.emit(_ir.ptx(f"st.{space}.b32")(ptr, tmp[0]))
+            _ir.emit(T.ptx.prmt.b32(tmp[0], r0, r1, T.uint32((2 * h0) | (2 * h0 + 1) << 4
+                                                              | (4 + 2 * h1) << 8 | (5 + 2 * h1) << 12)))
+            return tmp[0]
+        tmp = T.alloc_local((1,), "uint32")
+        cvt = "cvt.rn.f16x2.f32" if out_dtype == "float16" else "cvt.rn.bf16x2.f32"
+        _ir.emit(_ir.ptx(cvt)(tmp[0], x1, x0))
+        return tmp[0]
+
+    def _store_run(self, buf, idx, C_frag, slots, out_dtype, space):
+        """One vector store of 2 or 4 accumulators adjacent along n (``slots`` in n order) at ``idx``."""
+        ptr = buf.ptr_to(list(idx))
+        if _dt.bits(out_dtype) == 32:
+            kind = "f32" if out_dtype == "float32" else "b32"
+            vals = [self._value32(C_frag, s, out_dtype) for s in slots]
+            _ir.emit(_ir.ptx(f"st.{space}.v{len(slots)}.{kind}")(ptr, *vals))
+            return
+        words = [self._word16(C_frag, slots[q], slots[q + 1], out_dtype) for q in range(0, len(slots), 2)]
+        _ir.emit(_ir.ptx(f"st.{space}.{'v2.' if len(words) == 2 else ''}b32")(ptr, *words))
+
+    def _quads_fit(self, buf, c_off):
+        """True when 4-element stores at n % 4 == 0 are aligned in ``buf``: a static row length and column offset
+        that are multiples of 4 elements (the buffer itself starts at least 16-byte aligned)."""
+        if self._c_store_quads is None:
+            return False
+        try:
+            cols, off = int(buf.shape[-1]), int(c_off)
+        except TypeError:
+            return False
+        return cols % 4 == 0 and off % 4 == 0
 
     def stmatrix(self, C_frag, C_buf, *, warp, lane, layout=None, block_row=0, block_col=0, use_stmatrix=None,
                  transpose=False, num=None, row_limit=None):
@@ -480,7 +519,9 @@ class TensorCoreIntrinEmitter:
         float32 accumulators -> float32/float16/bfloat16; float16 -> float16/float32; int32 -> int32.
         Permuted accumulators (``c_row_perm`` / ``c_col_perm``) land at their true (m, n): PTX stmatrix takes per-row
         addresses, so it serves a row permutation (or, transposed, a column permutation); the other case uses the
-        vector stores (pairs of adjacent n joined across n8 tiles).
+        vector stores, which join the accumulators of adjacent n across n8 tiles: with a column permutation a lane
+        holds 4 adjacent n per row and stores them with one ``st.v4.b32/f32`` (16-bit output: ``st.v2.b32``) when
+        ``C_buf``'s row length and column offset are static multiples of 4, else as two 2-element stores.
         """
         buf, lead, r_off, c_off = _ir.split_region(C_buf)
         out = _dt.canonical(buf.dtype)
@@ -519,15 +560,17 @@ class TensorCoreIntrinEmitter:
             if can_ptx and use_stmatrix is not False and along_row is None and row_limit is None:
                 self._stmatrix_ptx(C_frag, buf, m_base, n_base, lane, index, out, transpose, num)
                 return
-            for a, b in self._c_store_pairs:
-                m, n = self.accumulator_coords(lane, *a)
+            runs = ([(*p, *q) for p, q in self._c_store_quads] if not transpose and self._quads_fit(buf, c_off)
+                    else self._c_store_pairs)
+            for run in runs:
+                m, n = self.accumulator_coords(lane, *run[0])
                 m, n = m_base + m, n_base + n
                 with _ir.only_if(m < row_limit if row_limit is not None else None):
                     if transpose:
-                        for d, slot in enumerate((a, b)):
+                        for d, slot in enumerate(run):
                             _ir.store(buf, _ir.cast(out, self._acc_value(C_frag, *slot)[0]), index(m, n + d))
                     else:
-                        self._store_pair(buf, index(m, n), C_frag, a, b, out, space)
+                        self._store_run(buf, index(m, n), C_frag, run, out, space)
 
     def _stmatrix_row(self, lane, i, j, first, per, transpose):
         """(m, n) in the warp tile of the row start whose address ``lane`` gives to the stmatrix.x{per}[.trans] that
