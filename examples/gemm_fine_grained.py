@@ -267,16 +267,23 @@ def main(argv=None):
     p.add_argument("--m", type=int, default=4096)
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "int8", "uint8", "float8_e4m3fn",
+                                                          "float8_e5m2", "int4", "uint4"])
     p.add_argument("--layout", default="NN", choices=sorted(LAYOUTS))
     args = p.parse_args(argv)
     ta, tb = LAYOUTS[args.layout]
-    func, _ = make_gemm(args.m, args.n, args.k, args.dtype, trans_a=ta, trans_b=tb)
+    cfg = GemmConfig(block_k=64 if bits(args.dtype) == 4 else 32)
+    func, em = make_gemm(args.m, args.n, args.k, args.dtype, trans_a=ta, trans_b=tb, config=cfg)
     kernel = mmaemit.compile(func)
     A, B = random_inputs(args.m, args.n, args.k, args.dtype, ta, tb)
-    C = torch.full((args.m, args.n), float("nan"), dtype=A.dtype, device="cuda")
+    out = {"int32": torch.int32, "float32": torch.float32}.get(em.accum_dtype if bits(args.dtype) < 16 else "", A.dtype)
+    C = torch.full((args.m, args.n), -1 if not out.is_floating_point else float("nan"), dtype=out, device="cuda")
     kernel(A, B, C)
-    ref = reference(A, B, ta, tb)
+    ref = reference(A, B, ta, tb, dtype=args.dtype)
+    if not out.is_floating_point:
+        ok = torch.equal(C.cpu().long(), ref)
+        print("bit-exact" if ok else "MISMATCH")
+        return 0 if ok else 1
     rel = ((C.float() - ref).norm() / ref.norm()).item()
     print(f"relative error {rel:.2e}")
     return 0 if rel < 1e-2 else 1
