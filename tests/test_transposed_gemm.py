@@ -150,6 +150,30 @@ def test_gemm_on_the_interpreter(a, b, layout, arch, epilogue, config):
         assert sum(x.conflicts for x in ldsm) == 0, report.summary()
 
 
+@pytest.mark.parametrize("layout", LAYOUT_LIST)
+@pytest.mark.parametrize("accum, out", [("float16", "float16"), ("float32", "bfloat16")])
+def test_fp8_16bit_output_on_the_interpreter(layout, accum, out):
+    """16-bit outputs of permuted accumulators: PTX stmatrix where the permutation is across rows (sm_90a), packed
+    pairs/quads (prmt for f16 accumulators, cvt for f32) where it runs along the row."""
+    import torch
+
+    from mmaemit.interpret import interpret
+
+    M, N, K = 128, 128, 64
+    ta, tb = LAYOUTS[layout]
+    cfg = GemmConfig(block_m=64, block_n=64, warp_m=32, warp_n=32, stages=2)
+    func, em = make_gemm(M, N, K, "float8_e4m3fn", accum_dtype=accum, out_dtype=out, trans_a=ta, trans_b=tb,
+                         config=cfg, arch="sm_90a")
+    A, B = random_inputs(M, N, K, "float8_e4m3fn", ta, tb, device="cpu", seed=22)
+    C = torch.full((M, N), float("nan"), dtype=getattr(torch, out))
+    report = interpret(func, A, B, C, arch="sm_90a")
+    assert report.ok, report.summary()
+    ref = reference(A, B, ta, tb)
+    rel = ((C.float() - ref).norm() / ref.norm()).item()
+    assert rel < 5e-3, rel          # output rounding; a misplaced accumulator would give O(1)
+    assert ("stmatrix" in str(func.script())) == (em.c_col_perm is None)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("a, b", [("int8", "int8"), ("int8", "uint8"), ("uint8", "uint8")])
 @pytest.mark.parametrize("layout", LAYOUT_LIST)

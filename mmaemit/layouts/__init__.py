@@ -3,6 +3,8 @@ from .banks import bank_conflicts, phase_wavefronts  # noqa: F401
 from .fragment import FragmentLayout, mma_fragment  # noqa: F401
 from .ldmatrix import MatrixMoveLayout, matrix_move_layout  # noqa: F401
 from .swizzle import SwizzleLayout, auto_swizzle_bytes, make_mma_swizzle_layout  # noqa: F401
+from .transposed_load import TransposedLoadPlan, transposed_load_plan  # noqa: F401
 
 __all__ = ["FragmentLayout", "mma_fragment", "MatrixMoveLayout", "matrix_move_layout", "SwizzleLayout",
-           "make_mma_swizzle_layout", "auto_swizzle_bytes", "bank_conflicts", "phase_wavefronts"]
+           "make_mma_swizzle_layout", "auto_swizzle_bytes", "bank_conflicts", "phase_wavefronts", "TransposedLoadPlan",
+           "transposed_load_plan"]
