@@ -4,7 +4,8 @@ import torch
 
 import mmaemit
 from mmaemit import dequant as D
-from mmaemit.dequant.kernel_layout import from_kernel_layout, k_permutation, to_kernel_layout
+from mmaemit.dequant.kernel_layout import (from_kernel_layout, from_kernel_scales, k_permutation, to_kernel_layout,
+                                           to_kernel_scales)
 from mmaemit.errors import TileShapeError
 from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
 
@@ -16,12 +17,17 @@ def _problem(M, N, K, group, device="cpu", seed=0):
     A = torch.randn(M, K, generator=g).to(torch.float16)
     ref = A.double() @ qw.dequantize().double().T
     Wk = to_kernel_layout(qw.codes())
-    return [t.to(device) for t in (A, Wk, qw.scales)], ref
+    return [t.to(device) for t in (A, Wk, to_kernel_scales(qw.scales))], ref
 
 
 def test_kernel_layout_round_trip_and_permutation():
     codes = torch.randint(0, 16, (48, 384), dtype=torch.uint8)
     assert torch.equal(from_kernel_layout(to_kernel_layout(codes)), codes)
+    scales = torch.randn(48, 6)
+    ks = to_kernel_scales(scales)
+    assert torch.equal(from_kernel_scales(ks), scales)
+    # lane c of n16 block nb reads, for n8 half h, the scales of its accumulator columns 2c and 2c + 1
+    assert ks[2, 5, 3, 2] == scales[16 * 2 + 8 * 1 + 2 * 3 + 0, 5] and ks[2, 5, 3, 1] == scales[32 + 6 + 1, 5]
     perm = k_permutation(128)
     assert sorted(perm.tolist()) == list(range(128))
     # lane c's A registers over the 4 k16 steps of a chunk are 16 consecutive k: 16c .. 16c+15
@@ -49,7 +55,7 @@ def test_gemv_sass_streams_weights_with_16_byte_cp_async():
     hist = kernel.opcode_histogram("sm_90a")
     mix = kernel.instruction_mix("sm_90a")
     assert hist.get("LDGSTS.E.BYPASS.128", 0) > 0 and mix["HMMA"] > 0
-    assert mix["LDG"] > 0 and all(k.startswith(("LDG.E.128", "LDG.E.U16")) for k in hist
+    assert mix["LDG"] > 0 and all(k.startswith(("LDG.E.128", "LDG.E.64")) for k in hist
                                if k.startswith("LDG.") and not k.startswith("LDGSTS"))
     assert kernel.resource_usage("sm_90a").spill_bytes == 0
 
@@ -66,7 +72,7 @@ def test_gemv_rejects_bad_shapes():
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("group", [64, 128, -1])
-@pytest.mark.parametrize("config", [GemvConfig(), GemvConfig(n_blocks=2, k_slices=8, stages=6),
+@pytest.mark.parametrize("config", [GemvConfig(), GemvConfig(n_blocks=2, k_slices=8, stages=6, min_blocks_per_sm=2),
                                     GemvConfig(n_blocks=8, k_slices=4, stages=2)])
 def test_gemv_matches_reference_on_gpu(M, group, config):
     N, K = 512, 4096
