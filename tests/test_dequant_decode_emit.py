@@ -192,7 +192,15 @@ def _sass_classes(sass: str) -> Counter:
                 out["I2F"] += 1                             # sm_90: I2FP.F32.U32
             elif base in ("F2FP", "FFMA", "FADD", "FMUL", "LDL", "STL"):
                 out[base] += 1
+            if ".FTZ" in op:
+                out["FTZ"] += 1                             # flushing subnormals would break exactness
     return out
+
+
+def _asm_call_sites(cuda_source: str) -> int:
+    """T.ptx statements in the kernel body: each is one call of a generated one-instruction asm function."""
+    body = cuda_source[cuda_source.index("__global__"):]
+    return len(re.findall(r"\btvm_builtin_ptx_\w+\(", body))
 
 
 _REF_SASS = {"fma.rn.f32": "FFMA", "fma.rz.f32": "FFMA", "fma.rm.f32": "FFMA", "fma.rp.f32": "FFMA",
@@ -213,7 +221,8 @@ def test_fast_decode_sass_has_exactly_the_program_instructions(dtype, arch):
     got = _sass_classes(kernel.sass())
     assert {k: got[k] for k in ("LOP3", "PRMT", "SHIFT", "HALF2", "F2FP")} == \
         {k: want[k] for k in ("LOP3", "PRMT", "SHIFT", "HALF2", "F2FP")}
-    assert got["LDL"] == got["STL"] == 0 and got["FFMA"] == got["I2F"] == 0   # no float32 / local-memory detour
+    assert got["LDL"] == got["STL"] == got["FTZ"] == 0 and got["FFMA"] == got["I2F"] == 0   # no f32 / local detour
+    assert _asm_call_sites(kernel.cuda_source) == sum(len(p.ops) for p in progs)
     if dtype == "bfloat16":     # sub.bf16x2 exists from sm_90: the program uses it there, fma below
         assert any(op.ptx == "sub.rn.bf16x2" for p in progs for op in p.ops) == (arch == "sm_90a")
 
@@ -229,7 +238,8 @@ def test_reference_converter_compiles_to_its_float32_ops(dtype, arch):
                 want[_REF_SASS[name]] += n
     got = _sass_classes(kernel.sass())
     assert {k: got[k] for k in want} == dict(want)
-    assert got["LDL"] == got["STL"] == 0
+    assert got["LDL"] == got["STL"] == got["FTZ"] == 0
+    assert _asm_call_sites(kernel.cuda_source) == sum(len(p.ops) for p in progs)
     assert want["F2FP"] == sum(p.registers for p in progs)      # one final rounding per output register
 
 

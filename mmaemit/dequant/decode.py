@@ -41,17 +41,17 @@ scale FMA), plus three table / hardware paths:
 Reference converter (``fast=False``, every format, every mode, f16 and bf16, sm_80+): per element, extract the field
 (``bfe.u32``), build its exact float32 value (integer ``cvt``; exponent-field placement and one exact power-of-two
 ``mul`` for e2m1 / e4m3 / e5m2 / e8m0 with NaN / inf fix-ups; a ``lop3`` select tree over the float32 bit patterns
-for nf4), apply the mode in float32 and round ONCE to f16 / bf16 (``cvt.rn.*x2.f32``). Products that may be inexact
-in float32 (nf4 values, "original" / "rescale") are rounded to odd first (``fma.rz``/``.rm``/``.rp`` + two ``lop3``):
-a float32 rounded to odd and then to 8- / 11-bit significands is the correctly rounded exact value. "original"
+for nf4), apply the mode in float32 and round ONCE to f16 / bf16 (``cvt.rn.*x2.f32``). Products not provably exact
+in float32 (every non-integer format, "original", "rescale") are rounded to odd first (``fma.rz``/``.rm``/``.rp``
++ two ``lop3``): a float32 rounded to odd, then to 8- / 11-bit significands, is the correctly rounded value. "original"
 subtracts ``w - Z`` in float32 (exact whenever ``w - Z`` fits 24 bits, e.g. integer GPTQ zeros; the float64 reference
 has the same caveat).
 
 Formats with the reference path only, and why: nf4 (a scaled 24-bit table value must round once; an f16 table times
 the scale double-rounds), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16 pair; no one-byte bf16 LUT),
 float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers (8-bit codes overflow the 7
-mantissa bits of 0x4300), e4m3 / e5m2 / e2m1 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+ and the bf16 images of E2M1
-do not share a zero low byte).
+mantissa bits of 0x4300), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its byte is the high byte of an
+f16, not of a bf16) and e2m1 (its bf16 images do not share a zero low byte, so no one-byte prmt LUT).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ from .interleave import bit_positions
 from .rounding import half_name
 
 __all__ = ["MODES", "FAST_DECODE", "VARIANTS", "Imm", "Op", "DecodeProgram", "decode_program", "fast_modes",
-           "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half"]
+           "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half", "cost_table"]
 
 MODES = ("none", "scale", "original", "rescale", "quantized")
 VARIANTS = ("shift", "marlin")
@@ -80,9 +80,10 @@ _PREFIX = {"u32": "t", "s32": "m", "f32": "f", "u16": "h"}   # temporaries: t3, 
 
 def _fast_table() -> dict:
     t = {key: {m: "sm_80" for m in modes} for key, modes in FAST_PATHS.items()}
+    cvt_e4m3 = isa.FEATURES["cvt.e4m3x2"].min_arch
     t[("float4_e2m1fn", "float16")] = {"none": "sm_80", "scale": "sm_80"}
-    t[("float8_e4m3fn", "float16")] = {"none": "sm_89", "scale": "sm_89"}
-    t[("nvfp4", "float16")] = {"scale": "sm_89"}
+    t[("float8_e4m3fn", "float16")] = {"none": cvt_e4m3, "scale": cvt_e4m3}
+    t[("nvfp4", "float16")] = {"scale": cvt_e4m3}     # its e4m3 scale pair goes through the cvt
     return t
 
 
@@ -183,13 +184,18 @@ class _Builder:
 
 # -------------------------------------------------------------------------------------------------- mode helpers
 def valid_modes(fmt) -> tuple:
-    """Modes a QuantScheme of ``fmt`` can have: zeros for unsigned ints only, block formats scale only."""
-    fmt = get_format(fmt)
-    if fmt.block_size is not None:
-        return ("scale",)
-    if fmt.kind == "uint":
-        return MODES
-    return ("none", "scale")
+    """Modes a QuantScheme of ``fmt`` can have (QuantScheme decides: zeros for unsigned ints only, the block
+    formats always scaled)."""
+    from .scaling import QuantScheme
+
+    out = []
+    for m in MODES:
+        try:
+            QuantScheme(get_format(fmt).name, None if m == "none" else "auto", None if m in ("none", "scale") else m)
+        except UnsupportedConfigError:
+            continue
+        out.append(m)
+    return tuple(out)
 
 
 def mode_of(scheme) -> str:
@@ -779,8 +785,9 @@ def decode_program(fmt, out_dtype="float16", mode="none", arch="sm_80", fast=Tru
                 f"{choices(table) or 'none'}); use fast=False for the reference converter; fast paths: "
                 f"{', '.join(have)}")
         if not a.satisfies(table[mode]):
-            raise ArchError(f"the fast decode of {fmt.name} -> {dtype} needs {table[mode]} or newer (cvt.rn.f16x2."
-                            f"e4m3x2); target is {a.name}; use fast=False for the reference converter")
+            raise ArchError(f"the fast decode of {fmt.name} -> {dtype} needs {table[mode]} or newer "
+                            f"({isa.FEATURES['cvt.e4m3x2'].ptx}); target is {a.name}; use fast=False for the "
+                            f"reference converter")
         if variant == "marlin" and (fmt.bits != 4 or dtype != "float16" or fmt.kind == "float"):
             raise UnsupportedConfigError("the marlin variant exists for 4-bit integer formats -> float16 only; "
                                          "valid formats: uint4, int4, int4_ob")
@@ -801,3 +808,35 @@ def emit_broadcast_half(dst, src, high: bool = False):
     from ..emitters import _ir
 
     _ir.emit(T.ptx.prmt.b32(dst, src, src, T.uint32(0x3232 if high else 0x1010)))
+
+
+def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_only=True) -> str:
+    """Markdown table of the decode cost per 8 weights (word ops; operand ops per distinct pair in brackets) for
+    every fast path (and, with ``fast_only=False``, every reference program), generated from the programs."""
+    from .formats import FORMATS
+
+    rows = ["| format | out | mode | arch | path | LOP3 | PRMT | SHIFT | HALF2 | F2FP | other | per 8 weights |"
+            " operand ops |", "|" + "---|" * 13]
+    for name in FORMATS:
+        for dtype in dtypes:
+            for mode in valid_modes(name):
+                for arch in archs:
+                    variants = []
+                    if mode in fast_modes(name, dtype, arch):
+                        variants.append((True, "shift"))
+                        fmt = get_format(name)
+                        if fmt.bits == 4 and dtype == "float16" and fmt.kind != "float":
+                            variants.append((True, "marlin"))
+                    if not fast_only:
+                        variants.append((False, "shift"))
+                    for fast, variant in variants:
+                        p = decode_program(name, dtype, mode, arch, fast=fast, variant=variant)
+                        scale = 8 / p.elements
+                        c = p.sass_counts("word")
+                        cls = ("LOP3", "PRMT", "SHIFT", "HALF2", "F2FP")
+                        other = sum(v for k, v in c.items() if k not in cls)
+                        cells = [f"{c[k] * scale:g}" for k in cls] + [f"{other * scale:g}"]
+                        path = ("fast" + ("/marlin" if variant == "marlin" else "")) if fast else "reference"
+                        rows.append(f"| {name} | {dtype} | {mode} | {arch} | {path} | {' | '.join(cells)} | "
+                                    f"{p.per_8_weights():g} | {sum(p.op_counts('operand').values())} |")
+    return "\n".join(rows)
