@@ -18,12 +18,13 @@ from triton.testing import do_bench
 
 import mmaemit
 from mmaemit import dequant as D
-from mmaemit.dequant.kernel_layout import to_kernel_layout
+from mmaemit.dequant.kernel_layout import to_kernel_layout, to_kernel_scales
 from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
 
-HBM_BYTES_PER_S = 3.0e12
-CONFIGS = [GemvConfig(4, 8), GemvConfig(2, 8), GemvConfig(4, 16), GemvConfig(2, 16), GemvConfig(4, 4),
-           GemvConfig(8, 8), GemvConfig(1, 16)]
+HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.3e12}   # measured device-to-device copy bandwidth
+CONFIGS = [GemvConfig(4, 16, 4), GemvConfig(4, 16, 3), GemvConfig(2, 16, 4, 2), GemvConfig(2, 8, 6, 2),
+           GemvConfig(2, 8, 4, 2), GemvConfig(4, 8, 4, 2), GemvConfig(4, 8, 6), GemvConfig(1, 16, 4, 2),
+           GemvConfig(2, 4, 8, 4)]
 
 
 def bench(fn):
@@ -51,7 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--group", type=int, default=128)
     p.add_argument("--sweep", action="store_true", help="time every GemvConfig, not only the default")
     args = p.parse_args(argv)
-    print(f"GPU: {torch.cuda.get_device_name()}, {datetime.date.today()}, torch {torch.__version__}")
+    name = torch.cuda.get_device_name()
+    bw = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), 3.0e12)
+    print(f"GPU: {name}, {datetime.date.today()}, torch {torch.__version__}, floor at {bw / 1e12:.1f} TB/s")
     rows = ["| N x K | M | floor µs | mmaemit µs (config) | x floor | cuBLAS fp16 µs | cuBLAS bf16 µs | torch int4 µs |",
             "|---|---|---|---|---|---|---|---|"]
     bad = 0
@@ -60,14 +63,14 @@ def main(argv=None) -> int:
         w = torch.randn(N, K, device="cuda", dtype=torch.float16)
         qw = D.quantize(w, D.QuantScheme("int4", group_size=args.group))
         Wk = to_kernel_layout(qw.codes()).cuda()
-        S = qw.scales.cuda()
+        S = to_kernel_scales(qw.scales).cuda()
         W16 = qw.dequantize().to(torch.float16).cuda()
         Wbf = W16.to(torch.bfloat16)
         del w
         for M in args.ms:
             A = torch.randn(M, K, device="cuda", dtype=torch.float16)
             ref = A.double() @ W16.double().T
-            floor = (N * K // 2 + S.numel() * 2 + A.numel() * 2 + M * N * 2) / HBM_BYTES_PER_S * 1e6
+            floor = (N * K // 2 + S.numel() * 2 + A.numel() * 2 + M * N * 2) / bw * 1e6
             results = []
             for cfg in (CONFIGS if args.sweep else CONFIGS[:1]):
                 try:
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
             t_bf16 = bench(lambda: torch.matmul(Abf, Wbf.T))
             t_int4 = torch_int4_peer(Abf, N, K, args.group)
             t, cfg, rel = min(results, key=lambda r: r[0])
-            rows.append(f"| {N}x{K} | {M} | {floor:.1f} | {t:.1f} (n_blocks {cfg.n_blocks}, k_slices {cfg.k_slices}) | "
+            rows.append(f"| {N}x{K} | {M} | {floor:.1f} | {t:.1f} ({cfg.n_blocks}, {cfg.k_slices}, {cfg.stages}, {cfg.min_blocks_per_sm}) | "
                         f"{t / floor:.2f} | {t_fp16:.1f} | {t_bf16:.1f} | {t_int4:.1f} |")
             print(rows[-1], flush=True)
     print("\n".join(rows))

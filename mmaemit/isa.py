@@ -109,17 +109,6 @@ class MmaInstr:
     def describe(self) -> str:
         return f"{self.shape_name} {self.a_dtype} x {self.b_dtype} -> {self.accum_dtype} (>= {self.min_arch})"
 
-    def b_fragment_coord(self, lane, i):
-        """(k, n) of B element ``b_i`` held by ``lane`` (numpy arrays broadcast). 16-bit operands only.
-
-        PTX ISA "Matrix fragments for mma.m16n8k16 / mma.m16n8k8 with floating point type": groupID = lane >> 2,
-        threadID_in_group = lane % 4; k = 2 * threadID_in_group + (i & 1) (+ 8 for i >= 2), n = groupID. Elements
-        b_{2r}, b_{2r+1} share 32-bit register r, b_{2r} in the low 16 bits.
-        """
-        if self.operand_bits != 16:
-            raise UnsupportedConfigError(f"B fragment map is tabulated for 16-bit operands only, not {self.b_dtype}")
-        return 2 * (lane % 4) + (i & 1) + 8 * (i >= 2), lane // 4
-
 
 def _mma_table():
     t = []

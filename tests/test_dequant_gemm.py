@@ -4,7 +4,8 @@ import torch
 
 import mmaemit
 from mmaemit import dequant as D
-from mmaemit.dequant.kernel_layout import from_kernel_layout, k_permutation, to_kernel_layout
+from mmaemit.dequant.kernel_layout import (from_kernel_layout, from_kernel_scales, k_permutation, to_kernel_layout,
+                                           to_kernel_scales)
 from mmaemit.errors import TileShapeError
 from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
 
@@ -16,12 +17,17 @@ def _problem(M, N, K, group, device="cpu", seed=0):
     A = torch.randn(M, K, generator=g).to(torch.float16)
     ref = A.double() @ qw.dequantize().double().T
     Wk = to_kernel_layout(qw.codes())
-    return [t.to(device) for t in (A, Wk, qw.scales)], ref
+    return [t.to(device) for t in (A, Wk, to_kernel_scales(qw.scales))], ref
 
 
 def test_kernel_layout_round_trip_and_permutation():
     codes = torch.randint(0, 16, (48, 384), dtype=torch.uint8)
     assert torch.equal(from_kernel_layout(to_kernel_layout(codes)), codes)
+    scales = torch.randn(48, 6)
+    ks = to_kernel_scales(scales)
+    assert torch.equal(from_kernel_scales(ks), scales)
+    # lane c of n16 block nb reads, for n8 half h, the scales of its accumulator columns 2c and 2c + 1
+    assert ks[2, 5, 3, 2] == scales[16 * 2 + 8 * 1 + 2 * 3 + 0, 5] and ks[2, 5, 3, 1] == scales[32 + 6 + 1, 5]
     perm = k_permutation(128)
     assert sorted(perm.tolist()) == list(range(128))
     # lane c's A registers over the 4 k16 steps of a chunk are 16 consecutive k: 16c .. 16c+15
@@ -34,7 +40,7 @@ def test_kernel_layout_round_trip_and_permutation():
 def test_gemv_on_the_interpreter(M, group):
     N, K = 128, 512
     (A, Wk, S), ref = _problem(M, N, K, group)
-    func, _ = make_dequant_gemv(M, N, K, group, config=GemvConfig(n_blocks=2, k_slices=2), arch="sm_90a")
+    func, _ = make_dequant_gemv(M, N, K, group, config=GemvConfig(n_blocks=2, k_slices=2, stages=3), arch="sm_90a")
     C = torch.full((M, N), float("nan"), dtype=torch.float16)
     report = mmaemit.interpret(func, A, Wk, S, C, arch="sm_90a")
     assert report.ok
@@ -42,13 +48,15 @@ def test_gemv_on_the_interpreter(M, group):
     assert rel < 2e-3, rel
 
 
-def test_gemv_sass_streams_weights_with_16_byte_loads():
+def test_gemv_sass_streams_weights_with_16_byte_cp_async():
     M, N, K = 1, 8192, 8192
     func, em = make_dequant_gemv(M, N, K, 128, arch="sm_90a")
     kernel = mmaemit.compile(func, target="sm_90a")
     hist = kernel.opcode_histogram("sm_90a")
-    wide = sum(v for k, v in hist.items() if k.startswith("LDG.E.128"))
-    assert wide > 0 and kernel.instruction_mix("sm_90a")["HMMA"] > 0
+    mix = kernel.instruction_mix("sm_90a")
+    assert hist.get("LDGSTS.E.BYPASS.128", 0) > 0 and mix["HMMA"] > 0
+    assert mix["LDG"] > 0 and all(k.startswith(("LDG.E.128", "LDG.E.64")) for k in hist
+                               if k.startswith("LDG.") and not k.startswith("LDGSTS"))
     assert kernel.resource_usage("sm_90a").spill_bytes == 0
 
 
@@ -58,13 +66,14 @@ def test_gemv_rejects_bad_shapes():
     with pytest.raises(TileShapeError, match="multiple of 16"):
         make_dequant_gemv(1, 200, 1024)
     with pytest.raises(TileShapeError, match="group_size"):
-        make_dequant_gemv(1, 256, 1024, group_size=32)
+        make_dequant_gemv(1, 256, 4096, group_size=32)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("group", [64, 128, -1])
-@pytest.mark.parametrize("config", [GemvConfig(), GemvConfig(n_blocks=2, k_slices=16)])
+@pytest.mark.parametrize("config", [GemvConfig(), GemvConfig(n_blocks=2, k_slices=8, stages=6, min_blocks_per_sm=2),
+                                    GemvConfig(n_blocks=8, k_slices=4, stages=2)])
 def test_gemv_matches_reference_on_gpu(M, group, config):
     N, K = 512, 4096
     (A, Wk, S), ref = _problem(M, N, K, group, device="cuda", seed=M)

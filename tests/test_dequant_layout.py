@@ -98,17 +98,17 @@ def _ptx_b_coord(lane, j):
     return row, group_id
 
 
-def test_isa_b_fragment_coord_matches_ptx_and_covers_tile():
-    instr = isa.select_mma("bfloat16", "bfloat16", "float32", k=16)
-    seen = set()
-    for lane in range(32):
-        for j in range(4):
-            kn = instr.b_fragment_coord(lane, j)
-            assert tuple(int(v) for v in kn) == _ptx_b_coord(lane, j)
-            seen.add(tuple(int(v) for v in kn))
-    assert seen == {(k, n) for k in range(16) for n in range(8)}
-    with pytest.raises(UnsupportedConfigError):
-        isa.select_mma("int8", "int8", "int32").b_fragment_coord(0, 0)
+def test_fragment_coord_uses_the_ptx_b_fragment_map():
+    """Inside one tile (lane, slot e < 4) the block map is the PTX B map; tiles then step by 8 in n, 16 in k."""
+    for bits in BITS:
+        tl = tiling(bits)
+        for lane in range(32):
+            for e in range(tl["E"]):
+                t, j = e // 4, e % 4
+                k, n = _ptx_b_coord(lane, j)
+                want = (8 * (t % tl["TN"]) + n, 16 * (t // tl["TN"]) + k)
+                assert tuple(int(v) for v in fragment_coord(bits, lane, e)) == want
+    assert not hasattr(isa.MmaInstr, "b_fragment_coord")  # the layout fact lives in mmaemit.layouts only
 
 
 @pytest.mark.parametrize("bits", BITS)

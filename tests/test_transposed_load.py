@@ -174,3 +174,15 @@ def test_swizzle_row_bits_argument_is_checked():
     assert lay(5, 16) == (5, 32)            # row 5: bits 0, 2 set -> XOR 0b011 -> chunk 1 -> 2
     assert lay(12, 0) == (12, 96)           # row 12: bits 2, 3 set -> XOR 0b110
     assert "row bits [0, 2, 3]" in lay.describe()
+
+
+def test_simulators_agree_with_the_dequant_regops():
+    """Two independent transcriptions of the PTX text (these test simulators, mmaemit.dequant.regops) agree."""
+    from mmaemit.dequant import regops
+
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.integers(0, 2**32, size=256, dtype=np.uint64).astype(np.uint32) for _ in range(3))
+    for sel in (0x6420, 0x7531, 0x5140, 0x7362, 0x4489, 0xBA98, int(rng.integers(0, 2**16))):
+        np.testing.assert_array_equal(sim_prmt(a, b, sel), regops.prmt(a, b, sel))
+    for lut in (0xE4, 0x96, 0xEA, int(rng.integers(0, 256))):
+        np.testing.assert_array_equal(sim_lop3(a, b, c, lut), regops.lop3(a, b, c, lut))

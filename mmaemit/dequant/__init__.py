@@ -6,7 +6,10 @@ Pipeline (each step has an exact inverse)::
     quantize(W[N, K], QuantScheme(...)) -> QuantizedWeight(packed [N, K*b/32] along K, scales [N, G], zeros, g_idx)
     QuantizedWeight.codes()             -> uint8 codes [N, K]
     fragment_order.pack_for_mma(codes)  -> int32 words [N/BN, K/BK, 32]: mma B-fragment order + interleave
+    decode.decode_program(fmt, dtype, mode, arch) -> the register ops turning one word into B-fragment registers
+                                           (emitted as T.ptx in a kernel, or evaluated bit-exactly on the CPU)
 """
+from .decode import FAST_DECODE, DecodeProgram, decode_program
 from .formats import FORMATS, NF4_TABLE, Format, get_format
 from .fragment_order import (fragment_coord, fragment_index_map, fragment_slot, from_fragment_order, pack_for_mma,
                              tiling, to_fragment_order, unpack_from_mma)
@@ -25,4 +28,5 @@ __all__ = [
     "tiling", "fragment_coord", "fragment_slot", "fragment_index_map", "to_fragment_order", "from_fragment_order",
     "pack_for_mma", "unpack_from_mma",
     "QuantizedWeight", "quantize", "from_gptq", "from_bitblas",
+    "DecodeProgram", "decode_program", "FAST_DECODE",
 ]

@@ -1,13 +1,10 @@
 """Bit-exact numpy emulation of the register-level fast decode: the spec the TIR/PTX fast path is tested against.
 
 Input: 32-bit words as the kernel loads them (interleaved per :mod:`.interleave`; 8-bit words in plain byte order).
-Every step is one PTX instruction on uint32 registers, emulated bit for bit:
-
-* ``lop3.b32 d, a, b, c, LUT``: bit j of d = bit (4 a_j + 2 b_j + c_j) of LUT (inputs a = 0xF0, b = 0xCC, c = 0xAA)
-* ``shr.b32``, ``prmt.b32`` (default mode: byte select from {b, a}, selector nibble bit 3 = replicate the sign)
-* ``add/sub/fma.rn.{f16x2,bf16x2}``: each half computed exactly and rounded once to nearest-even (emulated with an
-  error-free TwoSum in float64 and round-to-odd; see :mod:`.rounding`). bf16 ``sub`` is written as
-  ``fma.rn.bf16x2(a, 1.0, -b)`` below sm_90 (same result: both are one exact rounding of a - b).
+Every step is one PTX instruction on uint32 registers, emulated bit for bit by :mod:`.regops` (``lop3``, ``shr``,
+``prmt``, ``add2`` / ``sub2`` / ``fma2`` for ``add/sub/fma.rn.{f16x2,bf16x2}``; re-exported here). bf16 ``sub`` is
+written as ``fma.rn.bf16x2(a, 1.0, -b)`` below sm_90 (same result: both are one exact rounding of a - b). The TIR
+emitter of this decode is :mod:`.decode`, whose programs run on the same emulation.
 
 Decode of pair i (elements 2i, 2i+1 -> one f16x2 / bf16x2 register), MAGIC = 0x6400 (f16 1024.0, spacing 1 in
 [1024, 2048), fields up to 10 bits) or 0x4300 (bf16 128.0, spacing 1 in [128, 256), fields up to 7 bits)::
@@ -40,23 +37,24 @@ Which formats have a fast path here: :data:`FAST_PATHS`. Formats without one: nf
 trick), float4_e2m1fn / mxfp4 / nvfp4 (hardware ``cvt.rn.f16x2.e2m1x2`` only on sm_100a/sm_120a; no sm_80/90 trick
 implemented here), float8_e4m3fn (hardware ``cvt.rn.f16x2.e4m3x2`` on sm_89+; the exponent-rebias trick gets the NaN
 codes wrong, so it is not offered), e5m2 -> bf16, and every 8-bit integer format -> bf16 (8-bit codes do not fit the
-7 mantissa bits of the bf16 magic).
+7 mantissa bits of the bf16 magic). The TIR decode (:mod:`.decode`, ``FAST_DECODE``) adds table / hardware fast
+paths on top of these arithmetic ones: e2m1 / nvfp4 -> f16 (prmt register LUT) and e4m3 -> f16 (cvt, sm_89+).
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import ArgumentError, UnsupportedConfigError, choices
 from .formats import get_format
-from .rounding import half_name, round_np
+from .regops import NP_HALF as _NP
+from .regops import add2, fma2, lop3, pack2, prmt, shr, split2, sub2, u32
+from .rounding import half_name
 
 __all__ = ["FAST_PATHS", "VARIANTS", "MAGIC", "NEG_MAGIC", "fast_path_modes", "fast_decode", "lop3", "prmt", "shr",
            "add2", "sub2", "fma2", "pack2", "split2"]
 
 MAGIC = {"float16": 0x6400, "bfloat16": 0x4300}
 NEG_MAGIC = {"float16": 0xE400, "bfloat16": 0xC300}
-_NP = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _ALL_MODES = ("none", "scale", "original", "rescale", "quantized")
 
 
@@ -79,112 +77,6 @@ FAST_PATHS: dict = _fast_paths()
 def fast_path_modes(fmt, out_dtype) -> tuple:
     """Modes with a fast path for (``fmt``, ``out_dtype``); () if none."""
     return FAST_PATHS.get((get_format(fmt).name, half_name(out_dtype)), ())
-
-
-# ---------------------------------------------------------------------------------------------- integer instructions
-def _u32(x) -> np.ndarray:
-    return np.asarray(x).astype(np.int64).astype(np.uint32) if np.asarray(x).dtype != np.uint32 else np.asarray(x)
-
-
-def lop3(a, b, c, lut: int) -> np.ndarray:
-    """``lop3.b32``: arbitrary 3-input bitwise function given by its 8-bit truth table."""
-    a, b, c = _u32(a), _u32(b), _u32(c)
-    out = np.zeros(np.broadcast(a, b, c).shape, dtype=np.uint32)
-    for idx in range(8):
-        if (lut >> idx) & 1:
-            ta = a if idx & 4 else ~a
-            tb = b if idx & 2 else ~b
-            tc = c if idx & 1 else ~c
-            out |= ta & tb & tc
-    return out
-
-
-def shr(a, n: int) -> np.ndarray:
-    """``shr.b32`` (logical)."""
-    return _u32(a) >> np.uint32(n)
-
-
-def prmt(a, b, sel: int) -> np.ndarray:
-    """``prmt.b32 d, a, b, sel`` default mode: d.byte[j] = {b, a}.byte[sel nibble j & 7], sign-replicated if bit 3."""
-    a, b = _u32(a), _u32(b)
-    src = [(a >> np.uint32(8 * j)) & np.uint32(0xFF) for j in range(4)] + \
-          [(b >> np.uint32(8 * j)) & np.uint32(0xFF) for j in range(4)]
-    out = np.zeros(np.broadcast(a, b).shape, dtype=np.uint32)
-    for j in range(4):
-        nib = (sel >> (4 * j)) & 0xF
-        byte = src[nib & 7]
-        if nib & 8:
-            byte = np.where(byte & np.uint32(0x80), np.uint32(0xFF), np.uint32(0))
-        out |= (byte.astype(np.uint32) << np.uint32(8 * j))
-    return out
-
-
-# ------------------------------------------------------------------------------------------- f16x2 / bf16x2 arithmetic
-def split2(r, dtype):
-    """uint32 register -> (low, high) halves as float64 values of ``dtype``."""
-    r = _u32(r)
-    lo = (r & np.uint32(0xFFFF)).astype(np.uint16).view(_NP[dtype])
-    hi = (r >> np.uint32(16)).astype(np.uint16).view(_NP[dtype])
-    return lo.astype(np.float64), hi.astype(np.float64)
-
-
-def _bits16(v, dtype) -> np.ndarray:
-    return np.asarray(v).astype(_NP[dtype]).view(np.uint16).astype(np.uint32)
-
-
-def pack2(lo, hi, dtype) -> np.ndarray:
-    """Two arrays of ``dtype`` values (exactly representable) -> uint32 register, ``lo`` in the low 16 bits."""
-    lo = np.asarray(lo, dtype=_NP[dtype])
-    hi = np.asarray(hi, dtype=_NP[dtype])
-    return _bits16(lo, dtype) | (_bits16(hi, dtype) << np.uint32(16))
-
-
-def _two_sum(a, b):
-    s = a + b
-    bp = s - a
-    ap = s - bp
-    e = (a - ap) + (b - bp)
-    return s, np.where(np.isfinite(s), e, 0.0)
-
-
-def _round_exact(s, e, dtype):
-    """Round the exact value s + e (s = fl64(s + e)) once to ``dtype`` (via round-to-odd at float64)."""
-    s = np.asarray(s, dtype=np.float64)
-    e = np.asarray(e, dtype=np.float64)
-    inexact = e != 0
-    toward_zero = inexact & (np.sign(e) != np.sign(s))
-    trunc = np.where(toward_zero, np.nextafter(s, 0.0), s)
-    odd = trunc.view(np.uint64) | np.where(inexact, np.uint64(1), np.uint64(0))
-    return round_np(odd.view(np.float64), dtype)
-
-
-def _binary(r_a, r_b, dtype, op):
-    out = []
-    for x, y in zip(split2(r_a, dtype), split2(r_b, dtype)):
-        s, e = _two_sum(x, -y if op == "sub" else y)
-        out.append(_round_exact(s, e, dtype))
-    return pack2(out[0], out[1], dtype)
-
-
-def add2(a, b, dtype) -> np.ndarray:
-    """``add.rn.{f16x2,bf16x2}``."""
-    return _binary(a, b, half_name(dtype), "add")
-
-
-def sub2(a, b, dtype) -> np.ndarray:
-    """``sub.rn.{f16x2,bf16x2}`` (bf16: ``fma.rn.bf16x2(a, 1.0, -b)`` below sm_90, identical result)."""
-    return _binary(a, b, half_name(dtype), "sub")
-
-
-def fma2(a, b, c, dtype) -> np.ndarray:
-    """``fma.rn.{f16x2,bf16x2}``: a * b + c per half, exact product, one rounding."""
-    dtype = half_name(dtype)
-    out = []
-    for x, y, z in zip(split2(a, dtype), split2(b, dtype), split2(c, dtype)):
-        p = x * y  # exact: 11- or 8-bit significands
-        s, e = _two_sum(p, z)
-        out.append(_round_exact(s, e, dtype))
-    return pack2(out[0], out[1], dtype)
 
 
 def _const2(bits16: int) -> np.uint32:
@@ -231,7 +123,7 @@ def fast_decode(words, fmt, out_dtype="float16", mode="none", scale=None, zero=N
     words = np.asarray(words)
     if not np.issubdtype(words.dtype, np.integer):
         raise ArgumentError(f"words must be 32-bit integers, got {words.dtype}")
-    words = _u32(words)
+    words = u32(words)
     b = fmt.bits
     e_count = 32 // b
     shape = words.shape + (e_count,)

@@ -1,9 +1,9 @@
 """Reorder an [N, K] weight so each lane's 32-bit word holds exactly its mma.sync m16n8k16 B-fragment elements.
 
 Operand: B of ``mma.sync.aligned.m16n8k16.row.col`` with f16 or bf16 activations (the map is the same for both),
-the weight W[n, k] being B[k, n]. The per-lane B map comes from the instruction table
-(:meth:`mmaemit.isa.MmaInstr.b_fragment_coord`): element b_j (j = 0..3) of lane l is
-``k = 2*(l%4) + (j&1) + 8*(j>=2)``, ``n = l//4``; register b0 = (b_0, b_1), b1 = (b_2, b_3), low half first.
+the weight W[n, k] being B[k, n]. The per-lane B map is the layout layer's
+(``mmaemit.layouts.mma_fragment(instr, "B")`` of the ``isa.MMA_TABLE`` entry): element b_j (j = 0..3) of lane l
+is ``k = 2*(l%4) + (j&1) + 8*(j>=2)``, ``n = l//4``; register b0 = (b_0, b_1), b1 = (b_2, b_3), low half first.
 
 One word of b-bit codes holds E = 32/b elements = E/2 f16x2 registers = T = E/4 mma B tiles (b0, b1 each). The T
 tiles of a word are arranged as TN n8-tiles x TK k16-steps::
@@ -46,6 +46,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import isa
+from ..layouts.fragment import mma_fragment
 from ..errors import ArgumentError, TileShapeError
 from .interleave import deinterleave, interleave
 from .packing import check_bits, pack, to_torch, unpack
@@ -53,7 +54,7 @@ from .packing import check_bits, pack, to_torch, unpack
 __all__ = ["tiling", "fragment_index_map", "fragment_coord", "fragment_slot", "to_fragment_order",
            "from_fragment_order", "pack_for_mma", "unpack_from_mma"]
 
-_MMA = isa.select_mma("float16", "float16", "float32", k=16)
+_B_FRAGMENT = mma_fragment(isa.select_mma("float16", "float16", "float32", k=16), "B")  # (k, n) of (lane, reg, elem)
 
 
 def tiling(bits: int) -> dict:
@@ -73,7 +74,7 @@ def fragment_coord(bits: int, lane, e):
     i, h = e // 2, e % 2
     t, r = i // 2, i % 2
     tn, tk = t % tl["TN"], t // tl["TN"]
-    k_in, n_in = _MMA.b_fragment_coord(lane, 2 * r + h)
+    k_in, n_in = _B_FRAGMENT.forward(lane, r, h)
     return 8 * tn + n_in, 16 * tk + k_in
 
 

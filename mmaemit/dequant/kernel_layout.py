@@ -72,3 +72,31 @@ def from_kernel_layout(kernel_words, bits: int = 4):
     inv[torch.as_tensor(k_permutation(K), device=codes_p.device)] = torch.arange(K, device=codes_p.device)
     out = codes_p[:, inv]
     return out.numpy() if was_np else out
+
+
+def to_kernel_scales(scales):
+    """Per-(n, group) scales [N, K/g] -> [N/16, K/g, 4, 4] in the order the GEMV's accumulators need them.
+
+    The mma accumulator of lane (g, c) holds columns n = 2c, 2c+1 of each n8 half h of an n16 block, so
+    ``out[nb, grp, c, 2h + e] = scales[16 nb + 8 h + 2 c + e, grp]``: one 8-byte load per lane per block and group.
+    """
+    import torch
+
+    was_np = isinstance(scales, np.ndarray)
+    s = torch.as_tensor(scales)
+    N, G = s.shape
+    if N % 16:
+        raise TileShapeError(f"N={N} must be a multiple of 16")
+    out = s.reshape(N // 16, 2, 4, 2, G).permute(0, 4, 2, 1, 3).reshape(N // 16, G, 4, 4).contiguous()
+    return out.numpy() if was_np else out
+
+
+def from_kernel_scales(kernel_scales):
+    """Exact inverse of :func:`to_kernel_scales`."""
+    import torch
+
+    was_np = isinstance(kernel_scales, np.ndarray)
+    t = torch.as_tensor(kernel_scales)
+    nb, G, _, _ = t.shape
+    out = t.reshape(nb, G, 4, 2, 2).permute(0, 3, 2, 4, 1).reshape(nb * 16, G).contiguous()
+    return out.numpy() if was_np else out

@@ -1,0 +1,842 @@
+"""Decode programs: packed weight words -> f16x2 / bf16x2 mma B-fragment registers, as a list of PTX register ops.
+
+A :class:`DecodeProgram` is data: a short list of :class:`Op` (one PTX instruction each, on named registers) built by
+:func:`decode_program` from the format table. The SAME op list is
+
+* emitted into a kernel being parsed (``program.emit(word, out_regs, scale_pair, zero_pair)`` appends one
+  ``T.ptx.<mnemonic>`` statement per op; registers are local buffer elements), and
+* run on the CPU with the bit-exact numpy semantics of :mod:`.regops` (``program.evaluate(words, scales, zeros)``),
+
+so the exhaustive CPU tests of ``evaluate`` against :func:`.scaling.dequantize` check exactly what the GPU runs.
+
+Inputs and outputs of one program (one 32-bit word of E = 32/b codes, R = E/2 output registers)::
+
+    w        the packed word, interleaved per :mod:`.interleave` (8-bit: plain bytes), as :mod:`.fragment_order`
+             lays it out; decode-order slot e is element e, output register i holds slots (2i, 2i+1)
+    s0..     one operand pair per output register: the scale of slot 2i in bits 0..15 and of slot 2i+1 in bits
+             16..31 (f16 / bf16 bits, the output dtype); for the block formats two scale CODES in bytes 0 and 1
+             (e8m0 for mxfp4, e4m3 for nvfp4)
+    z0..     zero pairs the same way: f16 / bf16 zeros ("original", "rescale") or zero codes zero-extended in each
+             16-bit half ("quantized")
+    o0..     the f16x2 / bf16x2 outputs
+
+In a GEMM both halves of a register share the output row n and, for an even group size, the group, so each pair is
+``{S, S}``: build it once per group with :func:`emit_broadcast_half` (one PRMT) or store scales pre-paired.
+Ops whose ``stage`` is ``"operand"`` read only the scale / zero inputs (the negated zero of "rescale", the
+``0xE400 | z`` of "quantized", the e4m3 -> f16 scale of nvfp4): ``emit`` issues each of them once per distinct
+operand expression, so hoisting the pair out of the K loop hoists them too.
+
+Fast path (``fast=True``, see :data:`FAST_DECODE`): the magic-number decode of :mod:`.fastdecode_reference`
+(``lop3``/``prmt`` into the mantissa of 0x6400 = 1024.0 (f16) / 0x4300 = 128.0 (bf16), one exact subtract, quantized
+zeros as ONE add of ``NEG_MAGIC | z``, the scale in a final ``fma(h, S, -0.0)``; the bias is never folded into the
+scale FMA), plus three table / hardware paths:
+
+* float4_e2m1fn / nvfp4 -> f16: a prmt register LUT. Every E2M1 magnitude is an f16 with a zero low byte, so one
+  ``prmt`` with the code's three magnitude bits as byte selectors into an 8-byte table of f16 high bytes
+  (0x00 0x38 0x3C 0x3E 0x40 0x42 0x44 0x46) yields the pair, and one ``lop3`` ORs in the two sign bits. nvfp4's e4m3
+  scale pair is converted once per group with ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
+* float8_e4m3fn -> f16: ``cvt.rn.f16x2.e4m3x2`` (sm_89+; exact, NaN kept).
+* float8_e5m2 -> f16: ``prmt`` of the byte into the high byte of each half (f16 == e5m2 << 8).
+
+Reference converter (``fast=False``, every format, every mode, f16 and bf16, sm_80+): per element, extract the field
+(``bfe.u32``), build its exact float32 value (integer ``cvt``; exponent-field placement and one exact power-of-two
+``mul`` for e2m1 / e4m3 / e5m2 / e8m0 with NaN / inf fix-ups; a ``lop3`` select tree over the float32 bit patterns
+for nf4), apply the mode in float32 and round ONCE to f16 / bf16 (``cvt.rn.*x2.f32``). Products not provably exact
+in float32 (every non-integer format, "original", "rescale") are rounded to odd first (``fma.rz``/``.rm``/``.rp``
++ two ``lop3``): a float32 rounded to odd, then to 8- / 11-bit significands, is the correctly rounded value. "original"
+subtracts ``w - Z`` in float32 (exact whenever ``w - Z`` fits 24 bits, e.g. integer GPTQ zeros; the float64 reference
+has the same caveat).
+
+Formats with the reference path only, and why: nf4 (a scaled 24-bit table value must round once; an f16 table times
+the scale double-rounds), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16 pair; no one-byte bf16 LUT),
+float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers (8-bit codes overflow the 7
+mantissa bits of 0x4300), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its byte is the high byte of an
+f16, not of a bf16) and e2m1 (its bf16 images do not share a zero low byte, so no one-byte prmt LUT).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import isa
+from ..arch import as_arch
+from ..errors import ArgumentError, UnsupportedConfigError, choices
+from . import regops as R
+from .fastdecode_reference import FAST_PATHS, MAGIC, NEG_MAGIC
+from .formats import NF4_TABLE, Format, get_format
+from .interleave import bit_positions
+from .rounding import half_name
+
+__all__ = ["MODES", "FAST_DECODE", "VARIANTS", "Imm", "Op", "DecodeProgram", "decode_program", "fast_modes",
+           "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half", "cost_table"]
+
+MODES = ("none", "scale", "original", "rescale", "quantized")
+VARIANTS = ("shift", "marlin")
+_DT = {"u32": "uint32", "s32": "int32", "f32": "float32", "u16": "uint16"}
+_PREFIX = {"u32": "t", "s32": "m", "f32": "f", "u16": "h"}   # temporaries: t3, m1, f7, h2
+
+
+def _fast_table() -> dict:
+    t = {key: {m: "sm_80" for m in modes} for key, modes in FAST_PATHS.items()}
+    cvt_e4m3 = isa.FEATURES["cvt.e4m3x2"].min_arch
+    t[("float4_e2m1fn", "float16")] = {"none": "sm_80", "scale": "sm_80"}
+    t[("float8_e4m3fn", "float16")] = {"none": cvt_e4m3, "scale": cvt_e4m3}
+    t[("nvfp4", "float16")] = {"scale": cvt_e4m3}     # its e4m3 scale pair goes through the cvt
+    return t
+
+
+#: (format, out dtype) -> {mode: minimum arch} of the fast decode. Everything else: ``fast=False``.
+FAST_DECODE: dict = _fast_table()
+
+#: SASS opcode class each fast-path op assembles to (ptxas 13; ``shl`` often becomes ``IMAD.SHL``); None = free.
+SASS_CLASS = {
+    "lop3.b32": "LOP3", "prmt.b32": "PRMT", "shr.b32": "SHIFT", "shl.b32": "SHIFT",
+    "add.rn.f16x2": "HALF2", "sub.rn.f16x2": "HALF2", "fma.rn.f16x2": "HALF2",
+    "add.rn.bf16x2": "HALF2", "sub.rn.bf16x2": "HALF2", "fma.rn.bf16x2": "HALF2",
+    "cvt.rn.f16x2.e4m3x2": "F2FP", "cvt.rn.f16x2.f32": "F2FP", "cvt.rn.bf16x2.f32": "F2FP", "mov.b32": None,
+}
+
+
+# ------------------------------------------------------------------------------------------------ ops as data
+@dataclass(frozen=True)
+class Imm:
+    """An immediate operand: ``value`` (int or float) typed as the op's operand slot says."""
+
+    value: object
+
+
+@dataclass(frozen=True)
+class Op:
+    """One PTX instruction: ``ptx`` (exact mnemonic), destination register names, sources (names or Imm)."""
+
+    ptx: str
+    dst: tuple
+    src: tuple
+    stage: str = "word"
+
+    def __str__(self):
+        srcs = ", ".join(f"{s.value:#x}" if isinstance(s, Imm) and isinstance(s.value, int) else
+                         (repr(s.value) if isinstance(s, Imm) else s) for s in self.src)
+        return f"{self.ptx} {', '.join(self.dst)}, {srcs}"
+
+
+def _half2(fn):
+    return lambda dtype: (lambda *a: (fn(*a, dtype),))
+
+
+# mnemonic -> (destination dtypes, source dtypes ("imm" = instruction-text immediate), numpy semantics)
+_SPEC = {
+    "lop3.b32": (("u32",), ("u32", "u32", "u32", "imm"), lambda a, b, c, lut: (R.lop3(a, b, c, lut),)),
+    "shr.b32": (("u32",), ("u32", "u32"), lambda a, n: (R.shr(a, n),)),
+    "shl.b32": (("u32",), ("u32", "u32"), lambda a, n: (R.shl(a, n),)),
+    "prmt.b32": (("u32",), ("u32", "u32", "u32"), lambda a, b, c: (R.prmt(a, b, c),)),
+    "bfe.u32": (("u32",), ("u32", "u32", "u32"), lambda a, p, n: (R.bfe_u32(a, p, n),)),
+    "bfe.s32": (("s32",), ("s32", "u32", "u32"), lambda a, p, n: (R.bfe_s32(a, p, n),)),
+    "set.eq.u32.u32": (("u32",), ("u32", "u32"), lambda a, b: (R.set_cmp("eq", a, b),)),
+    "mov.b32": (("u16", "u16"), ("u32",), R.mov_unpack),
+    "cvt.rn.f32.u32": (("f32",), ("u32",), lambda a: (R.cvt_f32_u32(a),)),
+    "cvt.f32.f16": (("f32",), ("u16",), lambda a: (R.cvt_f32_f16(a),)),
+    "cvt.rn.f16x2.e4m3x2": (("u32",), ("u16",), lambda a: (R.cvt_f16x2_e4m3x2(a),)),
+    "add.rn.f32": (("f32",), ("f32", "f32"), lambda a, b: (R.add_f32(a, b),)),
+    "sub.rn.f32": (("f32",), ("f32", "f32"), lambda a, b: (R.sub_f32(a, b),)),
+    "mul.rn.f32": (("f32",), ("f32", "f32"), lambda a, b: (R.mul_f32(a, b),)),
+    **{f"fma.{rnd}.f32": (("f32",), ("f32", "f32", "f32"), (lambda r: lambda a, b, c: (R.fma_f32(a, b, c, r),))(rnd))
+       for rnd in ("rn", "rz", "rm", "rp")},
+    "cvt.rn.f16x2.f32": (("u32",), ("f32", "f32"), lambda hi, lo: (R.cvt_pack_f32(hi, lo, "float16"),)),
+    "cvt.rn.bf16x2.f32": (("u32",), ("f32", "f32"), lambda hi, lo: (R.cvt_pack_f32(hi, lo, "bfloat16"),)),
+    **{f"{op}.rn.{t}x2": (("u32",), ("u32", "u32"), _half2({"add": R.add2, "sub": R.sub2}[op])(d))
+       for op in ("add", "sub") for t, d in (("f16", "float16"), ("bf16", "bfloat16"))},
+    **{f"fma.rn.{t}x2": (("u32",), ("u32", "u32", "u32"), _half2(R.fma2)(d))
+       for t, d in (("f16", "float16"), ("bf16", "bfloat16"))},
+}
+
+
+class _Builder:
+    """Collects ops; temporaries get fresh names, each with the dtype its defining op writes."""
+
+    def __init__(self):
+        self.ops = []
+        self.dtypes = {}
+        self._n = Counter()
+
+    def declare(self, name, dtype):
+        self.dtypes[name] = dtype
+        return name
+
+    def op(self, ptx, *src, dst=None, stage="word"):
+        dts = _SPEC[ptx][0]
+        if dst is None:
+            dst = []
+            for d in dts:
+                self._n[d] += 1
+                dst.append(self.declare(f"{_PREFIX[d]}{self._n[d]}", d))
+        elif isinstance(dst, str):
+            dst = [dst]
+        for name, d in zip(dst, dts):
+            if self.dtypes.setdefault(name, d) != d:
+                raise AssertionError(f"{name} is {self.dtypes[name]}, {ptx} writes {d}")
+        src = tuple(s if isinstance(s, str) else Imm(s) for s in src)
+        self.ops.append(Op(ptx, tuple(dst), src, stage))
+        return dst[0] if len(dst) == 1 else tuple(dst)
+
+
+# -------------------------------------------------------------------------------------------------- mode helpers
+def valid_modes(fmt) -> tuple:
+    """Modes a QuantScheme of ``fmt`` can have (QuantScheme decides: zeros for unsigned ints only, the block
+    formats always scaled)."""
+    from .scaling import QuantScheme
+
+    out = []
+    for m in MODES:
+        try:
+            QuantScheme(get_format(fmt).name, None if m == "none" else "auto", None if m in ("none", "scale") else m)
+        except UnsupportedConfigError:
+            continue
+        out.append(m)
+    return tuple(out)
+
+
+def mode_of(scheme) -> str:
+    """The decode mode of a QuantScheme ("none", "scale", or its zeros_mode); a mode string is returned checked."""
+    from .scaling import QuantScheme
+
+    if isinstance(scheme, QuantScheme):
+        if not scheme.scaled:
+            return "none"
+        return scheme.zeros_mode or "scale"
+    if scheme not in MODES:
+        raise UnsupportedConfigError(f"mode {scheme!r} is unknown; valid: {choices(MODES)} or a QuantScheme")
+    return scheme
+
+
+def fast_modes(fmt, out_dtype, arch="sm_80") -> tuple:
+    """Modes with a fast decode for (``fmt``, ``out_dtype``) on ``arch``; () if none."""
+    a = as_arch(arch)
+    table = FAST_DECODE.get((get_format(fmt).name, half_name(out_dtype)), {})
+    return tuple(m for m, need in table.items() if a.satisfies(need))
+
+
+def _const2(bits16: int) -> int:
+    return bits16 | (bits16 << 16)
+
+
+def _half_bits(value: float, dtype: str) -> int:
+    return int(np.asarray(value, dtype=R.NP_HALF[dtype]).view(np.uint16))
+
+
+def _f32_bits(value: float) -> int:
+    return int(np.float32(value).view(np.uint32))
+
+
+# lop3 truth tables (a = 0xF0, b = 0xCC, c = 0xAA)
+_AND_OR = 0xEA      # (a & b) | c
+_AND_XOR = 0x6A     # (a & b) ^ c
+_XOR = 0x3C         # a ^ b
+_OR = 0xFC          # a | b
+_AND = 0xC0         # a & b
+_OR_AND = 0xF8      # a | (b & c)
+_SEL_C = 0xD8       # c ? b : a
+_AC_OR_B = 0xEC     # (a & c) | b
+_XOR_AND = 0x28     # (a ^ b) & c
+_OR_OR_AND = 0xA8   # (a | b) & c
+
+
+class _HalfArith:
+    """f16x2 / bf16x2 add, sub, fma; bf16 add/sub below sm_90 as ``fma.rn.bf16x2`` with 1.0 (one rounding, the same
+    result)."""
+
+    def __init__(self, b: _Builder, dtype: str, arch):
+        self.b, self.dtype = b, dtype
+        self.t = "f16" if dtype == "float16" else "bf16"
+        self.native = dtype == "float16" or as_arch(arch).satisfies(isa.FEATURES["add.bf16x2"].min_arch)
+        self.one = _const2(_half_bits(1.0, dtype))
+        self.neg_one = _const2(_half_bits(-1.0, dtype))
+
+    def add(self, a, c, dst):
+        if self.native:
+            return self.b.op(f"add.rn.{self.t}x2", a, c, dst=dst)
+        return self.b.op("fma.rn.bf16x2", a, self.one, c, dst=dst)
+
+    def sub(self, a, c, dst):
+        if self.native:
+            return self.b.op(f"sub.rn.{self.t}x2", a, c, dst=dst)
+        if isinstance(c, str):
+            return self.b.op("fma.rn.bf16x2", c, self.neg_one, a, dst=dst)
+        return self.b.op("fma.rn.bf16x2", a, self.one, c ^ 0x80008000, dst=dst)
+
+    def fma(self, a, m, c, dst):
+        return self.b.op(f"fma.rn.{self.t}x2", a, m, c, dst=dst)
+
+
+# ------------------------------------------------------------------------------------------------- fast programs
+def _e2m1_table_bytes() -> tuple:
+    """(low word, high word) of the 8-byte prmt table: high byte of the f16 of E2M1 magnitude code 0..7."""
+    vals = get_format("float4_e2m1fn").table[:8]
+    bits = [_half_bits(v, "float16") for v in vals]
+    if any(x & 0xFF for x in bits):
+        raise AssertionError("an E2M1 magnitude has a nonzero f16 low byte; the one-byte LUT would be wrong")
+    hb = [x >> 8 for x in bits]
+    return (sum(v << (8 * j) for j, v in enumerate(hb[:4])), sum(v << (8 * j) for j, v in enumerate(hb[4:])))
+
+
+def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: str, nreg: int):
+    ar = _HalfArith(b, dtype, arch)
+    bits = fmt.bits
+    magic, neg_magic = MAGIC[dtype], NEG_MAGIC[dtype]
+    marlin = variant == "marlin"
+    out = [b.declare(f"o{i}", "u32") for i in range(nreg)]
+
+    # operand preparation (stage "operand": reads only s_i / z_i)
+    sp, zp = [f"s{i}" for i in range(nreg)], [f"z{i}" for i in range(nreg)]
+    if fmt.name == "nvfp4":
+        for i in range(nreg):
+            lo, _ = b.op("mov.b32", sp[i], stage="operand")
+            sp[i] = b.op("cvt.rn.f16x2.e4m3x2", lo, stage="operand")
+    if mode == "rescale":
+        zp = [b.op("lop3.b32", z, 0x80008000, 0, _XOR, stage="operand") for z in zp]
+    elif mode == "quantized":
+        for i in range(nreg):
+            if marlin and i % 2:    # -(64 + z) = 0xD400 | z << 4 (f16, z < 16)
+                z4 = b.op("shl.b32", zp[i], 4, stage="operand")
+                zp[i] = b.op("lop3.b32", z4, _const2(0xD400), 0, _OR, stage="operand")
+            else:                   # -(MAGIC + z) = NEG_MAGIC | z
+                zp[i] = b.op("lop3.b32", zp[i], _const2(neg_magic), 0, _OR, stage="operand")
+
+    # base decode: o_i = MAGIC + q (ints), or the value itself (floats)
+    if fmt.name == "float8_e5m2":
+        for i, sel in enumerate((0x1404, 0x3424)):
+            b.op("prmt.b32", "w", 0, sel, dst=out[i])
+    elif fmt.name == "float8_e4m3fn":
+        lo, hi = b.op("mov.b32", "w")
+        for i, h in enumerate((lo, hi)):
+            b.op("cvt.rn.f16x2.e4m3x2", h, dst=out[i])
+    elif fmt.name in ("float4_e2m1fn", "nvfp4"):
+        t_lo, t_hi = _e2m1_table_bytes()
+        t = b.op("prmt.b32", "w", "w", 0x3120)          # bytes (e0|e2, e1|e3, e4|e6, e5|e7)
+        u = b.op("shl.b32", t, 4)
+        st = b.op("lop3.b32", t, 0x70707070, 0x08080808, _AND_OR)   # magnitude nibbles; bit 3 -> byte 0x00
+        su = b.op("lop3.b32", u, 0x70707070, 0x08080808, _AND_OR)
+        sels = [su, st, b.op("shr.b32", su, 16), b.op("shr.b32", st, 16)]
+        signs = [b.op("shl.b32", "w", 12), b.op("shl.b32", "w", 8), b.op("shl.b32", "w", 4), "w"]
+        for i in range(nreg):
+            b.op("prmt.b32", t_lo, t_hi, sels[i], dst=out[i])
+            b.op("lop3.b32", out[i], signs[i], 0x80008000, _OR_AND, dst=out[i])
+    elif bits == 8:
+        src = b.op("lop3.b32", "w", 0x80808080, 0, _XOR) if fmt.storage == "twos_complement" else "w"
+        for i, sel in enumerate((0x4140, 0x4342)):
+            b.op("prmt.b32", src, _const2((magic >> 8) * 0x101), sel, dst=out[i])   # {MAGIC_hi, byte} halves
+    else:
+        mask = ((1 << bits) - 1) * 0x10001
+        if fmt.storage == "twos_complement":
+            c, lut = _const2(magic | (1 << (bits - 1))), _AND_XOR
+        else:
+            c, lut = _const2(magic), _AND_OR
+        if marlin:
+            hi_c = _const2(magic | 0x80) if fmt.storage == "twos_complement" else _const2(magic)
+            upper = b.op("shr.b32", "w", 8)
+            for i, (src, m, cc) in enumerate((("w", mask, c), ("w", mask << 4, hi_c),
+                                              (upper, mask, c), (upper, mask << 4, hi_c))):
+                b.op("lop3.b32", src, m, cc, lut, dst=out[i])
+        else:
+            for i in range(nreg):
+                src = "w" if i == 0 else b.op("shr.b32", "w", bits * i)
+                b.op("lop3.b32", src, mask, c, lut, dst=out[i])
+
+    # finish: exact integer value (no scale involved), then the mode
+    neg_zero = _const2(0x8000)
+    for i, o in enumerate(out):
+        if fmt.kind == "float":
+            pass
+        elif marlin and i % 2:      # o = 1024 + 16q: (o / 16) - 64 (- 8 signed, - z quantized), exact
+            sixteenth = _const2(_half_bits(1 / 16, dtype))
+            if mode == "quantized":
+                ar.fma(o, sixteenth, zp[i], o)
+            else:
+                ar.fma(o, sixteenth, _const2(_half_bits(-72.0 if fmt.signed else -64.0, dtype)), o)
+        elif mode == "quantized":
+            ar.add(o, zp[i], o)     # (MAGIC + q) + -(MAGIC + z) = q - z exactly, one add
+        elif fmt.kind == "uint":
+            ar.sub(o, _const2(magic), o)
+        elif fmt.storage == "plus_minus_one":
+            ar.sub(o, _const2(magic), o)
+            ar.fma(o, _const2(_half_bits(2.0, dtype)), _const2(_half_bits(-1.0, dtype)), o)
+        else:
+            ar.sub(o, _const2(magic + (1 << (bits - 1))), o)
+        if mode == "original":
+            ar.sub(o, zp[i], o)
+        if mode in ("scale", "original", "quantized"):
+            ar.fma(o, sp[i], neg_zero, o)   # -0.0 addend: the signed zeros of a plain multiply
+        elif mode == "rescale":
+            ar.fma(o, sp[i], zp[i], o)      # zp = -Z: one rounding of w*S - Z
+    return out
+
+
+# -------------------------------------------------------------------------------------------- reference programs
+def _value_f32(b: _Builder, fmt: Format, q: str) -> str:
+    """f32 register (or u32 register of f32 bits) holding the exact value of code register ``q``."""
+    bits = fmt.bits
+    if fmt.kind == "uint":
+        return b.op("cvt.rn.f32.u32", q)
+    if fmt.kind == "int":
+        if fmt.storage == "plus_minus_one":
+            return b.op("fma.rn.f32", b.op("cvt.rn.f32.u32", q), 2.0, -1.0)
+        if fmt.storage == "twos_complement":
+            q = b.op("lop3.b32", q, 1 << (bits - 1), 0, _XOR)   # -> offset binary
+        return b.op("add.rn.f32", b.op("cvt.rn.f32.u32", q), -float(1 << (bits - 1)))
+    if fmt.kind == "lut":       # select tree over the float32 bit patterns, one mask per index bit
+        level = [_f32_bits(v) for v in NF4_TABLE]
+        for j in range(4):
+            m = b.op("bfe.s32", q, j, 1)
+            level = [b.op("lop3.b32", level[2 * k], level[2 * k + 1], m, _SEL_C) for k in range(len(level) // 2)]
+        return level[0]
+    name = "float4_e2m1fn" if fmt.name in ("mxfp4", "nvfp4") else fmt.name
+    return _minifloat_f32(b, name, q)
+
+
+def _minifloat_f32(b: _Builder, name: str, q: str) -> str:
+    """Exact float32 of an e2m1 / e4m3 / e5m2 / e8m0 code: exponent|mantissa placed in the float32 fields, then one
+    exact power-of-two multiply re-biases (subnormals included); NaN / inf codes fixed up with a mask."""
+    if name == "float8_e8m0fnu":
+        t = b.op("shl.b32", q, 23)
+        n0 = b.op("set.eq.u32.u32", q, 0)
+        n255 = b.op("set.eq.u32.u32", q, 255)
+        fix = b.op("lop3.b32", n0, n255, 0x00400000, _OR_OR_AND)   # 2^-127 (subnormal) / quiet-NaN bit
+        return b.op("lop3.b32", t, fix, 0, _OR)
+    man, bias, mag_mask = {"float4_e2m1fn": (1, 1, 0x7), "float8_e4m3fn": (3, 7, 0x7F),
+                           "float8_e5m2": (2, 15, 0x7F)}[name]
+    sign_shift = 28 if name == "float4_e2m1fn" else 24
+    a = b.op("lop3.b32", q, mag_mask, 0, _AND)
+    t = b.op("shl.b32", a, 23 - man)
+    s = b.op("shl.b32", q, sign_shift)
+    fbits = b.op("lop3.b32", s, t, 0x80000000, _AC_OR_B)
+    v = b.op("mul.rn.f32", fbits, 2.0 ** (127 - bias))
+    if name == "float8_e4m3fn":             # S.1111.111 = NaN
+        n = b.op("set.eq.u32.u32", a, 0x7F)
+        v = b.op("lop3.b32", v, n, 0, _OR)
+    elif name == "float8_e5m2":             # exponent 31: inf (m = 0) / NaN
+        e = b.op("lop3.b32", q, 0x7C, 0, _AND)
+        n = b.op("set.eq.u32.u32", e, 0x7C)
+        v = b.op("lop3.b32", v, n, 0x7F800000, _OR_AND)
+    return v
+
+
+def _odd_fma(b: _Builder, x, y, c) -> str:
+    """x*y + c rounded to odd in float32 (truncate, then set the last bit if inexact): a later single rounding to
+    f16 / bf16 is then the correct rounding of the exact value."""
+    rz = b.op("fma.rz.f32", x, y, c)
+    rm = b.op("fma.rm.f32", x, y, c)
+    rp = b.op("fma.rp.f32", x, y, c)
+    inexact = b.op("lop3.b32", rm, rp, 1, _XOR_AND)
+    return b.op("lop3.b32", rz, inexact, 0, _OR)
+
+
+def _build_reference(b: _Builder, fmt: Format, dtype: str, mode: str, nreg: int):
+    bits = fmt.bits
+    pos = bit_positions(bits)
+    out = [b.declare(f"o{i}", "u32") for i in range(nreg)]
+    exact_product = fmt.kind in ("uint", "int")     # <= 8-bit integers x 8/11-bit scales fit float32
+    scale_f, zero_f, halves = {}, {}, {}
+
+    def half16(name):       # the two b16 halves of a pair (mov.b32 unpack, free in SASS)
+        if name not in halves:
+            halves[name] = b.op("mov.b32", name, stage="operand")
+        return halves[name]
+
+    def scale(i, h):        # f32 scale of half h of pair s_i (operand stage)
+        if (i, h) in scale_f:
+            return scale_f[(i, h)]
+        s = f"s{i}"
+        if fmt.block_size is not None:
+            code = b.op("bfe.u32", s, 8 * h, 8, stage="operand")
+            v = _minifloat_f32(_Staged(b), fmt.scale_format, code)
+        elif dtype == "bfloat16":
+            v = (b.op("shl.b32", s, 16, stage="operand") if h == 0 else
+                 b.op("lop3.b32", s, 0xFFFF0000, 0, _AND, stage="operand"))
+        else:
+            v = b.op("cvt.f32.f16", half16(s)[h], stage="operand")
+        scale_f[(i, h)] = v
+        return v
+
+    def zero(i, h):
+        if (i, h) in zero_f:
+            return zero_f[(i, h)]
+        z = f"z{i}"
+        if mode == "quantized":
+            zc = (b.op("lop3.b32", z, 0xFFFF, 0, _AND, stage="operand") if h == 0 else
+                  b.op("shr.b32", z, 16, stage="operand"))
+            v = b.op("cvt.rn.f32.u32", zc, stage="operand")
+        elif dtype == "bfloat16":
+            v = (b.op("shl.b32", z, 16, stage="operand") if h == 0 else
+                 b.op("lop3.b32", z, 0xFFFF0000, 0, _AND, stage="operand"))
+        else:
+            v = b.op("cvt.f32.f16", half16(z)[h], stage="operand")
+        if mode == "rescale":
+            v = b.op("lop3.b32", v, 0x80000000, 0, _XOR, stage="operand")    # -Z, exact
+        zero_f[(i, h)] = v
+        return v
+
+    for i in range(nreg):
+        r = []
+        for h in range(2):
+            e = 2 * i + h
+            q = b.op("bfe.u32", "w", pos[e], bits)
+            v = _value_f32(b, fmt, q)
+            if mode == "none":
+                pass
+            elif mode == "rescale":
+                v = _odd_fma(b, v, scale(i, h), zero(i, h))
+            else:
+                if mode == "original":
+                    v = b.op("sub.rn.f32", v, zero(i, h))
+                elif mode == "quantized":
+                    v = b.op("sub.rn.f32", v, zero(i, h))    # q - z, exact
+                if exact_product and mode != "original":
+                    v = b.op("fma.rn.f32", v, scale(i, h), -0.0)
+                else:
+                    v = _odd_fma(b, v, scale(i, h), -0.0)
+            r.append(v)
+        b.op("cvt.rn.f16x2.f32" if dtype == "float16" else "cvt.rn.bf16x2.f32", r[1], r[0], dst=out[i])
+    return out
+
+
+class _Staged:
+    """A builder view that tags every op as operand-stage (for helpers shared with the per-element path)."""
+
+    def __init__(self, b: _Builder):
+        self._b = b
+
+    def op(self, ptx, *src, dst=None, stage="operand"):
+        return self._b.op(ptx, *src, dst=dst, stage="operand")
+
+
+# ------------------------------------------------------------------------------------------------------ the program
+@dataclass(frozen=True)
+class DecodeProgram:
+    """Ops decoding one 32-bit word of ``format`` codes into ``registers`` f16x2 / bf16x2 outputs (see module doc).
+
+    ``ops``: the instructions in program order; ``dtypes``: register name -> "u32" / "s32" / "f32" / "u16".
+    """
+
+    format: str
+    out_dtype: str
+    mode: str
+    arch: str
+    fast: bool
+    variant: str
+    ops: tuple = field(repr=False)
+    dtypes: dict = field(repr=False, compare=False)
+
+    @property
+    def fmt(self) -> Format:
+        return get_format(self.format)
+
+    @property
+    def bits(self) -> int:
+        return self.fmt.bits
+
+    @property
+    def elements(self) -> int:
+        return 32 // self.bits
+
+    @property
+    def registers(self) -> int:
+        return self.elements // 2
+
+    @property
+    def inputs(self) -> tuple:
+        regs = range(self.registers)
+        return ("w", *(f"s{i}" for i in regs if self.mode != "none"),
+                *(f"z{i}" for i in regs if self.mode in ("original", "rescale", "quantized")))
+
+    @property
+    def outputs(self) -> tuple:
+        return tuple(f"o{i}" for i in range(self.registers))
+
+    def __str__(self):
+        head = (f"# {self.format} -> {self.out_dtype}, mode {self.mode}, {self.arch}, "
+                f"{'fast' if self.fast else 'reference'}{'/' + self.variant if self.fast else ''}")
+        return "\n".join([head, *(("  " if op.stage == "word" else "  [operand] ") + str(op) for op in self.ops)])
+
+    # ---- counts -------------------------------------------------------------------------------------------
+    def op_counts(self, stage=None) -> Counter:
+        """Instructions per word by mnemonic (``stage``: None = all, "word", "operand")."""
+        return Counter(op.ptx for op in self.ops if stage is None or op.stage == stage)
+
+    def sass_counts(self, stage=None) -> Counter:
+        """Per-word count per SASS class of :data:`SASS_CLASS` (LOP3, PRMT, SHIFT, HALF2, F2FP)."""
+        out = Counter()
+        for name, n in self.op_counts(stage).items():
+            cls = SASS_CLASS.get(name, name)
+            if cls is not None:
+                out[cls] += n
+        return out
+
+    def per_8_weights(self, stage="word") -> float:
+        """Instructions (excluding the free ``mov.b32`` unpack) per 8 decoded weights."""
+        n = sum(v for k, v in self.op_counts(stage).items() if k != "mov.b32")
+        return n * 8 / self.elements
+
+    # ---- CPU evaluation -----------------------------------------------------------------------------------
+    def evaluate(self, words, scales=None, zeros=None) -> np.ndarray:
+        """Run the ops on numpy: ``words`` [...] -> values [..., E] of ``out_dtype`` (decode-order slots).
+
+        ``scales`` / ``zeros``: per-element arrays broadcastable to [..., E] (see :func:`operand_pairs` for the
+        values each mode takes); packed into the s_i / z_i pairs exactly as the kernel passes them.
+        """
+        words = np.asarray(words)
+        if not np.issubdtype(words.dtype, np.integer):
+            raise ArgumentError(f"words must be 32-bit integers, got {words.dtype}")
+        env = {"w": R.u32(words)}
+        shape = words.shape + (self.elements,)
+        need_s, need_z = self.mode != "none", self.mode in ("original", "rescale", "quantized")
+        for what, given, need in (("scales", scales, need_s), ("zeros", zeros, need_z)):
+            if (given is None) == need:
+                raise ArgumentError(f"mode {self.mode!r} {'needs' if need else 'takes no'} {what}")
+        if need_s:
+            kind = "scale_code" if self.fmt.block_size is not None else "value"
+            for i, p in enumerate(operand_pairs(np.broadcast_to(scales, shape), kind, self.out_dtype)):
+                env[f"s{i}"] = p
+        if need_z:
+            kind = "zero_code" if self.mode == "quantized" else "value"
+            if kind == "zero_code":
+                zc = np.broadcast_to(zeros, shape)
+                if not np.issubdtype(np.asarray(zc).dtype, np.integer) or zc.min() < 0 or zc.max() >= (1 << self.bits):
+                    raise ArgumentError(f"quantized zeros must be integer codes in [0, {(1 << self.bits) - 1}]")
+            for i, p in enumerate(operand_pairs(np.broadcast_to(zeros, shape), kind, self.out_dtype)):
+                env[f"z{i}"] = p
+        with np.errstate(invalid="ignore", over="ignore"):
+            for op in self.ops:
+                _, src_dt, fn = _SPEC[op.ptx]
+                args = [(_imm_bits(s.value, dt) if dt != "imm" else s.value) if isinstance(s, Imm) else env[s]
+                        for s, dt in zip(op.src, src_dt)]
+                for name, val in zip(op.dst, fn(*args)):
+                    env[name] = np.broadcast_to(R.u32(val), words.shape)
+        out = np.empty(shape, dtype=R.NP_HALF[self.out_dtype])
+        for i in range(self.registers):
+            lo, hi = R.split2(env[f"o{i}"], self.out_dtype)
+            out[..., 2 * i], out[..., 2 * i + 1] = lo, hi
+        return out
+
+    # ---- TIR emission -------------------------------------------------------------------------------------
+    def emit(self, word, out_regs, scale_pair=None, zero_pair=None) -> tuple:
+        """Append the ops to the kernel being parsed; returns the ops emitted (operand ops once per distinct pair).
+
+        ``word``: a uint32 / int32 expression (best a register: it is read by several instructions).
+        ``out_regs``: ``registers`` uint32 lvalues (buffer elements), output i = slots (2i, 2i+1).
+        ``scale_pair`` / ``zero_pair``: one uint32 expression for every register, or a sequence of ``registers``.
+        """
+        from tvm.script import tirx as T
+
+        from ..emitters import _ir
+
+        if len(out_regs) != self.registers:
+            raise ArgumentError(f"{self.format} decodes into {self.registers} registers per word, "
+                                f"got {len(out_regs)} out_regs")
+        bind = {"w": word}
+        for prefix, given, need in (("s", scale_pair, self.mode != "none"),
+                                    ("z", zero_pair, self.mode in ("original", "rescale", "quantized"))):
+            if (given is None) == need:
+                raise ArgumentError(f"mode {self.mode!r} {'needs' if need else 'takes no'} "
+                                    f"{'scale_pair' if prefix == 's' else 'zero_pair'}")
+            if given is None:
+                continue
+            seq = list(given) if isinstance(given, (list, tuple)) else [given] * self.registers
+            if len(seq) != self.registers:
+                raise ArgumentError(f"pass one {prefix}-pair or {self.registers}, got {len(seq)}")
+            for i, e in enumerate(seq):
+                bind[f"{prefix}{i}"] = e
+        for i, r in enumerate(out_regs):
+            bind[f"o{i}"] = r
+
+        alias = _alias_equal_inputs(bind, self.registers)
+        temps = [n for n in self.dtypes if n not in bind]
+        bufs = {}
+        for dt in sorted({self.dtypes[n] for n in temps}):
+            names = [n for n in temps if self.dtypes[n] == dt]
+            buf = T.alloc_local((len(names),), _DT[dt])
+            for k, n in enumerate(names):
+                bind[n] = buf[k]
+        seen, emitted = {}, []
+        for op in self.ops:
+            src = tuple(alias.get(s, s) if isinstance(s, str) else s for s in op.src)
+            if op.stage == "operand":
+                key = (op.ptx, src)
+                if key in seen:
+                    for d, prev in zip(op.dst, seen[key]):
+                        alias[d] = prev
+                    continue
+                seen[key] = op.dst
+            _, src_dt, _ = _SPEC[op.ptx]
+            args = [_tir_operand(bind[s], dt) if isinstance(s, str) else _tir_imm(s.value, dt)
+                    for s, dt in zip(src, src_dt)]
+            dsts = [bind[d] for d in op.dst]
+            _ir.emit(_ir.ptx(op.ptx)(*dsts, *args))
+            emitted.append(Op(op.ptx, op.dst, src, op.stage))
+        return tuple(emitted)
+
+
+def _alias_equal_inputs(bind: dict, nreg: int) -> dict:
+    """s_i / z_i bound to an expression structurally equal to an earlier one's -> that earlier name."""
+    import tvm_ffi
+
+    alias = {}
+    for prefix in ("s", "z"):
+        for i in range(nreg):
+            name = f"{prefix}{i}"
+            if name not in bind:
+                continue
+            for j in range(i):
+                if tvm_ffi.structural_equal(bind[name], bind[f"{prefix}{j}"]):
+                    alias[name] = alias.get(f"{prefix}{j}", f"{prefix}{j}")
+                    break
+    return alias
+
+
+def _imm_bits(value, dt):
+    if dt == "f32":
+        return np.uint32(_f32_bits(value))
+    return np.uint32(int(value) & 0xFFFFFFFF)
+
+
+def _tir_imm(value, dt):
+    from tvm.script import tirx as T
+
+    if dt == "imm":
+        return T.int32(value)
+    if dt == "f32":
+        return T.float32(value)
+    if dt == "s32":
+        return T.int32(value)
+    return T.uint32(int(value) & 0xFFFFFFFF)
+
+
+def _tir_operand(expr, dt):
+    from tvm.script import tirx as T
+
+    want = _DT[dt]
+    ty = getattr(expr, "ty", None)
+    have = str(ty.dtype if ty is not None and hasattr(ty, "dtype") else expr.dtype)
+    if have == want:
+        return expr
+    if have in ("uint32", "int32", "float32") and want in ("uint32", "int32", "float32"):
+        return T.reinterpret(want, expr)
+    raise ArgumentError(f"operand of dtype {have} cannot feed a {want} slot")
+
+
+# ----------------------------------------------------------------------------------------------------- host side
+def operand_pairs(values, kind: str, out_dtype="float16") -> list:
+    """Per-element operands [..., E] -> the R uint32 pair registers s_i / z_i a kernel passes (numpy).
+
+    ``kind``: "value" (f16 / bf16 scales or zeros: their bits in the low / high 16 bits), "zero_code" (integer
+    zero codes, each zero-extended in its 16-bit half) or "scale_code" (block-format scale codes in bytes 0 / 1).
+    """
+    dtype = half_name(out_dtype)
+    v = np.asarray(values)
+    if kind == "value":
+        bits = v.astype(R.NP_HALF[dtype]).view(np.uint16).astype(np.uint32)
+        shift = 16
+    elif kind in ("zero_code", "scale_code"):
+        if not np.issubdtype(v.dtype, np.integer):
+            raise ArgumentError(f"{kind} operands must be integer codes, got {v.dtype}")
+        bits = v.astype(np.uint32)
+        shift = 16 if kind == "zero_code" else 8
+    else:
+        raise UnsupportedConfigError(f"operand kind {kind!r} is unknown; valid: value, zero_code, scale_code")
+    return [bits[..., 2 * i] | (bits[..., 2 * i + 1] << np.uint32(shift)) for i in range(v.shape[-1] // 2)]
+
+
+def decode_program(fmt, out_dtype="float16", mode="none", arch="sm_80", fast=True,
+                   variant="shift") -> DecodeProgram:
+    """The decode of one 32-bit word of ``fmt`` codes into f16x2 / bf16x2 registers.
+
+    ``mode``: "none" | "scale" | "original" | "rescale" | "quantized" or a QuantScheme. ``fast``: the magic-number /
+    LUT / cvt path (:data:`FAST_DECODE`; ``UnsupportedConfigError`` or ``ArchError`` where it does not exist) or
+    ``False`` for the reference converter (every format and mode, sm_80+). ``variant``: "shift" or "marlin"
+    (4-bit -> f16 fast path only: one shift per word instead of three).
+    """
+    from ..errors import ArchError
+
+    fmt = get_format(fmt)
+    dtype = half_name(out_dtype)
+    if dtype == "float32":
+        raise UnsupportedConfigError("mma B fragments are float16 or bfloat16; valid: float16, bfloat16")
+    mode = mode_of(mode)
+    if mode not in valid_modes(fmt):
+        raise UnsupportedConfigError(f"{fmt.name} has no mode {mode!r}; valid: {choices(valid_modes(fmt))}")
+    a = as_arch(arch)
+    if not a.satisfies("sm_80"):
+        raise ArchError(f"the decode targets mma.sync m16n8k16 (sm_80+); target is {a.name}")
+    if variant not in VARIANTS:
+        raise UnsupportedConfigError(f"variant {variant!r} is unknown; valid: {choices(VARIANTS)}")
+    b = _Builder()
+    b.declare("w", "u32")
+    nreg = 16 // fmt.bits
+    for i in range(nreg):
+        b.declare(f"s{i}", "u32")
+        b.declare(f"z{i}", "u32")
+    if fast:
+        table = FAST_DECODE.get((fmt.name, dtype), {})
+        if mode not in table:
+            have = sorted(f"{f}/{d}" for (f, d) in FAST_DECODE)
+            raise UnsupportedConfigError(
+                f"no fast decode for {fmt.name} -> {dtype} in mode {mode!r} (fast modes here: "
+                f"{choices(table) or 'none'}); use fast=False for the reference converter; fast paths: "
+                f"{', '.join(have)}")
+        if not a.satisfies(table[mode]):
+            raise ArchError(f"the fast decode of {fmt.name} -> {dtype} needs {table[mode]} or newer "
+                            f"({isa.FEATURES['cvt.e4m3x2'].ptx}); target is {a.name}; use fast=False for the "
+                            f"reference converter")
+        if variant == "marlin" and (fmt.bits != 4 or dtype != "float16" or fmt.kind == "float"):
+            raise UnsupportedConfigError("the marlin variant exists for 4-bit integer formats -> float16 only; "
+                                         "valid formats: uint4, int4, int4_ob")
+        _build_fast(b, fmt, dtype, mode, a, variant, nreg)
+    else:
+        variant = "shift"
+        _build_reference(b, fmt, dtype, mode, nreg)
+    used = {n for op in b.ops for n in (*op.dst, *(s for s in op.src if isinstance(s, str)))}
+    dtypes = {n: d for n, d in b.dtypes.items() if n in used or n[0] == "o"}
+    return DecodeProgram(fmt.name, dtype, mode, a.name, bool(fast), variant, tuple(b.ops), dtypes)
+
+
+def emit_broadcast_half(dst, src, high: bool = False):
+    """Emit ``prmt.b32 dst, src, src, 0x1010`` (or ``0x3232``): the pair {x, x} of src's low (high) 16 bits — how a
+    kernel turns one f16 / bf16 scale or zero (or a zero code) into the s_i / z_i operand pair. One PRMT."""
+    from tvm.script import tirx as T
+
+    from ..emitters import _ir
+
+    _ir.emit(T.ptx.prmt.b32(dst, src, src, T.uint32(0x3232 if high else 0x1010)))
+
+
+def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_only=True) -> str:
+    """Markdown table of the decode cost per 8 weights (word ops; operand ops per distinct pair in brackets) for
+    every fast path (and, with ``fast_only=False``, every reference program), generated from the programs."""
+    from .formats import FORMATS
+
+    rows = ["| format | out | mode | arch | path | LOP3 | PRMT | SHIFT | HALF2 | F2FP | other | per 8 weights |"
+            " operand ops |", "|" + "---|" * 13]
+    for name in FORMATS:
+        for dtype in dtypes:
+            for mode in valid_modes(name):
+                for arch in archs:
+                    variants = []
+                    if mode in fast_modes(name, dtype, arch):
+                        variants.append((True, "shift"))
+                        fmt = get_format(name)
+                        if fmt.bits == 4 and dtype == "float16" and fmt.kind != "float":
+                            variants.append((True, "marlin"))
+                    if not fast_only:
+                        variants.append((False, "shift"))
+                    for fast, variant in variants:
+                        p = decode_program(name, dtype, mode, arch, fast=fast, variant=variant)
+                        scale = 8 / p.elements
+                        c = p.sass_counts("word")
+                        cls = ("LOP3", "PRMT", "SHIFT", "HALF2", "F2FP")
+                        other = sum(v for k, v in c.items() if k not in cls)
+                        cells = [f"{c[k] * scale:g}" for k in cls] + [f"{other * scale:g}"]
+                        path = ("fast" + ("/marlin" if variant == "marlin" else "")) if fast else "reference"
+                        rows.append(f"| {name} | {dtype} | {mode} | {arch} | {path} | {' | '.join(cells)} | "
+                                    f"{p.per_8_weights():g} | {sum(p.op_counts('operand').values())} |")
+    return "\n".join(rows)
