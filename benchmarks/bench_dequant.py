@@ -3,9 +3,10 @@
     PYTHONPATH=. python3 benchmarks/bench_dequant.py [--shapes 8192x8192 28672x8192] [--ms 1 16] [--sweep]
 
 Method: correctness of every mmaemit configuration against an fp64 reference on the same inputs first (poisoned
-output), then ``triton.testing.do_bench`` medians (it flushes L2 before every call, which matters: the 8192x8192 int4
-weights (34 MB) fit in the 50 MB L2). The HBM floor counts every byte once (weights, scales, A, C) at the measured
-3.0 TB/s copy bandwidth of the H100.
+output), then ``timing.time_rotating``: every call of a round reads its own copy of the weights (copies >= 4x L2,
+since the 8192x8192 int4 weights (34 MB) fit in the 50 MB L2), rounds replayed as CUDA graphs, median per call. The
+peers get the same treatment. The HBM floor counts every byte once (weights, scales, A, C) at the device's measured
+large-copy bandwidth (H100: 3.0 TB/s).
 """
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import datetime
 import sys
 
 import torch
-from triton.testing import do_bench
 
 import mmaemit
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import to_kernel_layout, to_kernel_scales
 from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from timing import copies_needed, time_rotating  # noqa: E402
 
 HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.3e12}   # measured device-to-device copy bandwidth
 CONFIGS = [GemvConfig(4, 16, 4), GemvConfig(4, 16, 3), GemvConfig(2, 16, 4, 2), GemvConfig(2, 8, 6, 2),
@@ -27,22 +30,26 @@ CONFIGS = [GemvConfig(4, 16, 4), GemvConfig(4, 16, 3), GemvConfig(2, 16, 4, 2), 
            GemvConfig(2, 4, 8, 4)]
 
 
-def bench(fn):
-    return do_bench(fn, warmup=50, rep=400, return_mode="median") * 1e3  # µs
-
-
 def torch_int4_peer(A_bf16, N, K, group):
-    """torch's int4 weight-only kernel (tinygemm) on random codes: a timing peer only."""
+    """torch's int4 weight-only kernel (tinygemm) on random codes: a timing peer only (rotating weight copies)."""
     try:
-        w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
-        packed = torch._convert_weight_to_int4pack(w, 8)
-        sz = torch.rand(K // group, N, 2, dtype=torch.bfloat16, device="cuda")
-        fn = lambda: torch._weight_int4pack_mm(A_bf16, packed, group, sz)  # noqa: E731
-        fn()
-        return bench(fn)
+        copies = []
+        for _ in range(copies_needed(N * K // 2)):
+            w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
+            copies.append((torch._convert_weight_to_int4pack(w, 8),
+                           torch.rand(K // group, N, 2, dtype=torch.bfloat16, device="cuda")))
+        return time_rotating([lambda p=p, sz=sz: torch._weight_int4pack_mm(A_bf16, p, group, sz) for p, sz in copies])
     except Exception as e:  # the op's signature moves between torch releases: report, do not die
         print(f"  torch int4 peer unavailable: {type(e).__name__}: {str(e)[:160]}")
         return float("nan")
+
+
+def cublas_peer(A, W16, dtype):
+    """torch.matmul on dequantized fp16/bf16 weights, rotating weight copies."""
+    Wt = W16.to(dtype)
+    copies = [Wt] + [Wt.clone() for _ in range(copies_needed(Wt.numel() * 2) - 1)]
+    Ad = A.to(dtype)
+    return time_rotating([lambda w=w: torch.matmul(Ad, w.T) for w in copies])
 
 
 def main(argv=None) -> int:
@@ -64,8 +71,8 @@ def main(argv=None) -> int:
         qw = D.quantize(w, D.QuantScheme("int4", group_size=args.group))
         Wk = to_kernel_layout(qw.codes()).cuda()
         S = to_kernel_scales(qw.scales).cuda()
+        rot = [(Wk, S)] + [(Wk.clone(), S.clone()) for _ in range(copies_needed(Wk.numel() * 4) - 1)]
         W16 = qw.dequantize().to(torch.float16).cuda()
-        Wbf = W16.to(torch.bfloat16)
         del w
         for M in args.ms:
             A = torch.randn(M, K, device="cuda", dtype=torch.float16)
@@ -84,14 +91,13 @@ def main(argv=None) -> int:
                 rel = ((C.double() - ref).norm() / ref.norm()).item()
                 ok = rel < 2e-3
                 bad += not ok
-                t = bench(lambda: kernel(A, Wk, S, C))
+                t = time_rotating([lambda w=w, s=s: kernel(A, w, s, C) for w, s in rot])
                 results.append((t, cfg, rel))
                 print(f"  {N}x{K} M={M} {cfg}: {t:.1f} µs ({t / floor:.2f}x floor) rel {rel:.1e} "
                       f"{'' if ok else 'WRONG'}", flush=True)
-            t_fp16 = bench(lambda: torch.matmul(A, W16.T))
-            Abf = A.to(torch.bfloat16)
-            t_bf16 = bench(lambda: torch.matmul(Abf, Wbf.T))
-            t_int4 = torch_int4_peer(Abf, N, K, args.group)
+            t_fp16 = cublas_peer(A, W16, torch.float16)
+            t_bf16 = cublas_peer(A, W16, torch.bfloat16)
+            t_int4 = torch_int4_peer(A.to(torch.bfloat16), N, K, args.group)
             t, cfg, rel = min(results, key=lambda r: r[0])
             rows.append(f"| {N}x{K} | {M} | {floor:.1f} | {t:.1f} ({cfg.n_blocks}, {cfg.k_slices}, {cfg.stages}, {cfg.min_blocks_per_sm}) | "
                         f"{t / floor:.2f} | {t_fp16:.1f} | {t_bf16:.1f} | {t_int4:.1f} |")

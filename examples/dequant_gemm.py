@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmaemit import TensorCoreIntrinEmitter
+from mmaemit.dequant.decode import decode_program
 from mmaemit.dequant.kernel_layout import CHUNK
 from mmaemit.dtypes import canonical
-from mmaemit.emitters import emit
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 
@@ -71,12 +71,11 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     MINB = config.min_blocks_per_sm
     OUT_ITERS = (M * BN + THREADS - 1) // THREADS
 
+    # 8 nibbles e0 e2 e4 e6 | e1 e3 e5 e7 -> 4 f16x2 B registers (lop3 into 0x6400, exact sub): mmaemit.dequant.decode
+    program = decode_program("int4", dtype, mode="none", arch=arch or "sm_80")
+
     def decode_int4(word, out):
-        # 8 nibbles e0 e2 e4 e6 | e1 e3 e5 e7 -> 4 f16x2 B registers; (x & 0xF) ^ 8 | 0x6400 = 1024 + q + 8, exact
-        for i in range(4):
-            t = word if i == 0 else word >> T.uint32(4 * i)
-            emit(T.ptx.lop3.b32(out[i], t, T.uint32(0x000F000F), T.uint32(0x64086408), 0x6A))
-            emit(T.ptx.sub.f16x2(out[i], out[i], T.uint32(0x64086408)))
+        program.emit(word, out)  # appends the ops; returns nothing to the parser
 
     def half_to_f32(word, e):
         return T.Cast("float32", T.reinterpret("float16", T.Cast("uint16", (word >> T.uint32(16 * e)) & T.uint32(0xFFFF))))

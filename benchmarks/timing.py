@@ -1,0 +1,59 @@
+"""Timing helpers shared by the benchmark scripts (see the device entry's METHOD.md).
+
+``time_rotating``: when one call's inputs fit in L2 (50 MB on the H100), timing repeated calls on the same buffers
+measures the cache. Instead each call in a round uses its own copy of the large inputs (copies together >= 4x L2),
+the round is captured once in a CUDA graph (no launch gaps) and replayed; the median round time / calls is reported.
+This is also the realistic setting for inference: consecutive layers read different weights. (An L2 flush by writing a
+large buffer, as ``triton.testing.do_bench`` does, leaves L2 full of dirty lines whose write-back competes with the
+kernel's reads; rotation avoids that bias.)
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+L2_BYTES = 50 << 20
+
+
+def copies_needed(bytes_per_call: int, factor: int = 4) -> int:
+    """How many input copies make a round stream at least ``factor`` x L2 from DRAM (at least 2)."""
+    return max(2, -(-factor * L2_BYTES // max(1, bytes_per_call)))
+
+
+def time_rotating(calls, reps: int = 30, warmup: int = 3, use_graph: bool = True) -> float:
+    """Median microseconds per call of ``calls`` (zero-argument callables, each on its own input copy)."""
+    for _ in range(warmup):
+        for c in calls:
+            c()
+    torch.cuda.synchronize()
+    run = None
+    if use_graph:
+        try:
+            g = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for c in calls:
+                    c()
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(g):
+                for c in calls:
+                    c()
+            run = g.replay
+        except Exception as e:  # a launch path that cannot be captured: time plain launches, and say so
+            print(f"  (graph capture failed: {type(e).__name__}: {str(e)[:100]}; timing plain launches)")
+            torch.cuda.synchronize()
+    if run is None:
+        def run():
+            for c in calls:
+                c()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        run()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / len(calls))
+    return statistics.median(times)
