@@ -45,8 +45,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     from tvm.script import tirx as T
 
     dtype = canonical(dtype)
-    if dtype != "float16":
-        raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16'])} (bf16: planned)")
+    if dtype not in ("float16", "bfloat16"):
+        raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
     if not 1 <= M <= 16:
         raise TileShapeError(f"the small-M path takes 1 <= M <= 16, not M={M}")
     NB, KS = config.n_blocks, config.k_slices
@@ -77,8 +77,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     def decode_int4(word, out):
         program.emit(word, out)  # appends the ops; returns nothing to the parser
 
-    def half_to_f32(word, e):
-        return T.Cast("float32", T.reinterpret("float16", T.Cast("uint16", (word >> T.uint32(16 * e)) & T.uint32(0xFFFF))))
+    def scale_to_f32(word, e):
+        return T.Cast("float32", T.reinterpret(dtype, T.Cast("uint16", (word >> T.uint32(16 * e)) & T.uint32(0xFFFF))))
 
     @T.prim_func
     def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, 4), "int32"),
@@ -151,7 +151,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 for nb in T.unroll(NB):
                     for q in T.unroll(em.local_size_c):
                         e = T.meta_var(em.c_layout.forward(lane, q % 4, 0)[1] % 2)
-                        C_frag[0, nb, q] = C_frag[0, nb, q] + half_to_f32(sreg[nb, q // 4], e) * P_frag[0, nb, q]
+                        C_frag[0, nb, q] = C_frag[0, nb, q] + scale_to_f32(sreg[nb, q // 4], e) * P_frag[0, nb, q]
                         P_frag[0, nb, q] = T.float32(0)
 
         for j in T.unroll(ST - 1):
