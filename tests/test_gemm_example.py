@@ -111,3 +111,52 @@ def test_gemm_float16_accumulate_and_float32_output():
         kernel(A, B, C)
         rel = ((C.float() - reference(A, B)).norm() / reference(A, B).norm()).item()
         assert rel < (5e-3 if acc == "float16" else 1e-4), (acc, out, rel)
+
+
+def test_tf32_gemm_on_the_interpreter_rounds_with_cvt_rna():
+    """float32 operands run as tf32: the kernel rounds them with cvt.rna, so it matches a tf32-rounded reference
+    far better than the unrounded float32 product."""
+    import torch
+
+    from mmaemit.interpret import interpret
+
+    M, N, K = 128, 128, 64
+    func, em = make_gemm(M, N, K, "float32", trans_b=True, arch="sm_90a")
+    assert em.instruction.a_ptx == "tf32"
+    A, B = random_inputs(M, N, K, "float32", False, True, device="cpu")
+    C = torch.full((M, N), float("nan"))
+    assert interpret(func, A, B, C, arch="sm_90a").ok
+
+    def rna_tf32(x):  # round to nearest, ties away, keeping 10 mantissa bits
+        b = x.contiguous().view(torch.int32).to(torch.int64)
+        b = ((b + 0x1000) & ~0x1FFF) & 0xFFFFFFFF
+        return b.to(torch.uint32).view(torch.float32) if hasattr(torch, "uint32") else b.to(torch.int32).view(torch.float32)
+
+    ref_tf32 = rna_tf32(A).double() @ rna_tf32(B).double().T
+    ref_f32 = A.double() @ B.double().T
+    err_tf32 = ((C.double() - ref_tf32).norm() / ref_tf32.norm()).item()
+    err_f32 = ((C.double() - ref_f32).norm() / ref_f32.norm()).item()
+    assert err_tf32 < 1e-6 < err_f32 < 2e-3, (err_tf32, err_f32)
+
+
+def test_tf32_needs_k_contiguous_operands():
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="K-contiguous"):
+        make_gemm(256, 256, 512, "float32", trans_a=False, trans_b=False)
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="K-contiguous"):
+        make_gemm(256, 256, 512, "float32", trans_a=True, trans_b=True)
+
+
+@pytest.mark.gpu
+def test_tf32_gemm_on_gpu():
+    import torch
+
+    M, N, K = 256, 256, 512
+    ta, tb = LAYOUTS["NT"]
+    func, _ = make_gemm(M, N, K, "float32", trans_a=ta, trans_b=tb)
+    kernel = mmaemit.compile(func)
+    A, B = random_inputs(M, N, K, "float32", ta, tb)
+    C = torch.full((M, N), float("nan"), device="cuda")
+    kernel(A, B, C)
+    ref = reference(A, B, ta, tb)
+    rel = ((C - ref).norm() / ref.norm()).item()
+    assert rel < 2e-3, rel
