@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 benchmarks/bench_dequant.py [--shapes 8192x8192 28672x8192] [--ms 1 16] [--sweep]
 
 Method: correctness of every mmaemit configuration against an fp64 reference on the same inputs first (poisoned
-output), then ``timing.time_rotating``: every call of a round reads its own copy of the weights (copies >= 4x L2,
+output), then ``mmaemit.runtime.timing.time_rotating``: every call of a round reads its own copy of the weights (copies >= 4x L2,
 since the 8192x8192 int4 weights (34 MB) fit in the 50 MB L2), rounds replayed as CUDA graphs, median per call. The
 peers get the same treatment. The HBM floor counts every byte once (weights, scales, A, C) at the device's measured
 large-copy bandwidth (H100: 3.0 TB/s).
@@ -20,9 +20,7 @@ import mmaemit
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import to_kernel_layout, to_kernel_scales
 from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from timing import copies_needed, time_rotating  # noqa: E402
+from mmaemit.runtime.timing import copies_needed, time_rotating
 
 HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.3e12}   # measured device-to-device copy bandwidth
 CONFIGS = [GemvConfig(4, 16, 4), GemvConfig(4, 16, 3), GemvConfig(2, 16, 4, 2), GemvConfig(2, 8, 6, 2),

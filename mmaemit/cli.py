@@ -35,6 +35,7 @@ def _demo_gpu(args) -> int:
 
     import mmaemit
     from mmaemit.examples.gemm_fine_grained import GemmConfig, make_gemm, random_inputs, reference
+    from mmaemit.runtime.timing import median_time
 
     n = args.size
     print(f"mmaemit demo on {torch.cuda.get_device_name()} ({mmaemit.arch.device_arch().name}): "
@@ -52,30 +53,12 @@ def _demo_gpu(args) -> int:
         rel = ((C.float() - ref).norm() / ref.norm()).item()
         ok = rel < (2e-3 if dtype == "float16" else 1e-2) and not torch.isnan(C).any().item()
         failures += not ok
-        t_ours = _bench(lambda: kernel(A, B, C))
-        t_torch = _bench(lambda: torch.matmul(A, B))
+        t_ours = median_time(lambda: kernel(A, B, C))
+        t_torch = median_time(lambda: torch.matmul(A, B))
         flops = 2.0 * n ** 3
         print(f"  {dtype:9s} max|err| {err:.3e}  rel {rel:.2e}  {'PASS' if ok else 'FAIL'}  "
               f"mmaemit {flops / t_ours / 1e12:6.1f} TFLOP/s  torch.matmul {flops / t_torch / 1e12:6.1f} TFLOP/s")
     return 1 if failures else 0
-
-
-def _bench(fn, warmup=10, reps=50) -> float:
-    """Median seconds per call, timed with CUDA events."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _demo_cpu(args) -> int:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from ..interpret import ptx as _ptx
+
 from .rounding import half_name, round_np
 
 __all__ = ["NP_HALF", "u32", "lop3", "shr", "shl", "bfe_u32", "bfe_s32", "prmt", "set_cmp", "mov_unpack",
@@ -38,28 +40,21 @@ def u32(x) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- integer instructions
 def lop3(a, b, c, lut: int) -> np.ndarray:
-    """``lop3.b32``: arbitrary 3-input bitwise function given by its 8-bit truth table."""
-    a, b, c = u32(a), u32(b), u32(c)
-    out = np.zeros(np.broadcast(a, b, c).shape, dtype=np.uint32)
-    for idx in range(8):
-        if (lut >> idx) & 1:
-            ta = a if idx & 4 else ~a
-            tb = b if idx & 2 else ~b
-            tc = c if idx & 1 else ~c
-            out |= ta & tb & tc
-    return out
+    """``lop3.b32``: arbitrary 3-input bitwise function given by its 8-bit truth table (the interpreter's definition)."""
+    a, b, c = np.broadcast_arrays(u32(a), u32(b), u32(c))
+    return _ptx.lop3(a, b, c, lut)
 
 
 def shr(a, n) -> np.ndarray:
     """``shr.b32`` (logical; shift amounts above 31 give 0)."""
-    a, n = u32(a), u32(n)
-    return np.where(n > 31, np.uint32(0), a >> np.minimum(n, 31))
+    a, n = np.broadcast_arrays(u32(a), u32(n))
+    return u32(_ptx.shr(a, n))
 
 
 def shl(a, n) -> np.ndarray:
     """``shl.b32`` (shift amounts above 31 give 0)."""
-    a, n = u32(a), u32(n)
-    return np.where(n > 31, np.uint32(0), (a << np.minimum(n, 31)) & _M32)
+    a, n = np.broadcast_arrays(u32(a), u32(n))
+    return u32(_ptx.shl(a, n))
 
 
 def _bfe(a, pos, length, signed: bool) -> np.ndarray:
@@ -87,17 +82,8 @@ def bfe_s32(a, pos, length) -> np.ndarray:
 
 def prmt(a, b, sel) -> np.ndarray:
     """``prmt.b32 d, a, b, c`` default mode; ``sel`` (c) may be an int or a register array (only c[15:0] is read)."""
-    a, b, sel = u32(a), u32(b), u32(sel)
-    shape = np.broadcast(a, b, sel).shape
-    src = np.stack([np.broadcast_to((x >> np.uint32(8 * j)) & np.uint32(0xFF), shape)
-                    for x in (a, b) for j in range(4)])
-    out = np.zeros(shape, dtype=np.uint32)
-    for j in range(4):
-        nib = np.broadcast_to((sel >> np.uint32(4 * j)) & np.uint32(0xF), shape)
-        byte = np.take_along_axis(src, (nib & np.uint32(7)).astype(np.intp)[None], 0)[0]
-        byte = np.where(nib & np.uint32(8), np.where(byte & np.uint32(0x80), np.uint32(0xFF), np.uint32(0)), byte)
-        out |= byte.astype(np.uint32) << np.uint32(8 * j)
-    return out
+    a, b, sel = np.broadcast_arrays(u32(a), u32(b), u32(sel))
+    return u32(_ptx.prmt(a, b, sel))
 
 
 def set_cmp(cmp: str, a, b) -> np.ndarray:
@@ -152,33 +138,29 @@ def _round_exact(s, e, dtype):
     return round_np(odd.view(np.float64), dtype)
 
 
-def _binary(r_a, r_b, dtype, op):
-    out = []
-    for x, y in zip(split2(r_a, dtype), split2(r_b, dtype)):
-        s, e = _two_sum(x, -y if op == "sub" else y)
-        out.append(_round_exact(s, e, dtype))
-    return pack2(out[0], out[1], dtype)
+
 
 
 def add2(a, b, dtype) -> np.ndarray:
     """``add.rn.{f16x2,bf16x2}``."""
-    return _binary(a, b, half_name(dtype), "add")
+    return _half2("add", dtype, a, b)
 
 
 def sub2(a, b, dtype) -> np.ndarray:
     """``sub.rn.{f16x2,bf16x2}`` (bf16: ``fma.rn.bf16x2(a, 1.0, -b)`` below sm_90, identical result)."""
-    return _binary(a, b, half_name(dtype), "sub")
+    return _half2("sub", dtype, a, b)
 
 
 def fma2(a, b, c, dtype) -> np.ndarray:
     """``fma.rn.{f16x2,bf16x2}``: a * b + c per half, exact product, one rounding."""
-    dtype = half_name(dtype)
-    out = []
-    for x, y, z in zip(split2(a, dtype), split2(b, dtype), split2(c, dtype)):
-        p = x * y  # exact: 11- or 8-bit significands
-        s, e = _two_sum(p, z)
-        out.append(_round_exact(s, e, dtype))
-    return pack2(out[0], out[1], dtype)
+    return _half2("fma", dtype, a, b, c)
+
+
+def _half2(op, dtype, *regs):
+    # the interpreter's correctly rounded half arithmetic (mmaemit.interpret.ptx) is the one definition
+    type_ = {"float16": "f16x2", "bfloat16": "bf16x2"}[half_name(dtype)]
+    arrs = np.broadcast_arrays(*[u32(r) for r in regs])
+    return u32(_ptx.half_arith(op, type_, *arrs))
 
 
 # ---------------------------------------------------------------------------------------------------- f32 arithmetic

@@ -1,4 +1,6 @@
-"""Timing helpers shared by the benchmark scripts (see the device entry's METHOD.md).
+"""GPU timing helpers used by ``mmaemit demo`` and the benchmark scripts (CUDA events, medians).
+
+``median_time``: the median of ``reps`` event-timed calls after ``warmup`` calls.
 
 ``time_rotating``: when one call's inputs fit in L2 (50 MB on the H100), timing repeated calls on the same buffers
 measures the cache. Instead each call in a round uses its own copy of the large inputs (copies together >= 4x L2),
@@ -19,6 +21,25 @@ L2_BYTES = 50 << 20
 def copies_needed(bytes_per_call: int, factor: int = 4) -> int:
     """How many input copies make a round stream at least ``factor`` x L2 from DRAM (at least 2)."""
     return max(2, -(-factor * L2_BYTES // max(1, bytes_per_call)))
+
+
+def _event_times(run, reps: int) -> list:
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        run()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return times
+
+
+def median_time(fn, warmup: int = 10, reps: int = 50) -> float:
+    """Median seconds per call of ``fn``, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(_event_times(fn, reps))
 
 
 def time_rotating(calls, reps: int = 30, warmup: int = 3, use_graph: bool = True) -> float:
@@ -48,12 +69,4 @@ def time_rotating(calls, reps: int = 30, warmup: int = 3, use_graph: bool = True
         def run():
             for c in calls:
                 c()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        run()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / len(calls))
-    return statistics.median(times)
+    return statistics.median(_event_times(run, reps)) * 1e6 / len(calls)
