@@ -19,13 +19,15 @@ import torch
 import mmaemit
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import to_kernel_layout, to_kernel_scales
-from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
+from mmaemit.examples.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm
 from mmaemit.runtime.timing import copies_needed, time_rotating
 
 HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.3e12}   # measured device-to-device copy bandwidth
 CONFIGS = [GemvConfig(4, 16, 4), GemvConfig(4, 16, 3), GemvConfig(2, 16, 4, 2), GemvConfig(2, 8, 6, 2),
            GemvConfig(2, 8, 4, 2), GemvConfig(4, 8, 4, 2), GemvConfig(4, 8, 6), GemvConfig(1, 16, 4, 2),
            GemvConfig(2, 4, 8, 4)]
+TILED = [TiledConfig(128, 128, 64, 64, 4), TiledConfig(64, 128, 32, 64, 4), TiledConfig(128, 256, 64, 64, 3),
+         TiledConfig(256, 128, 64, 64, 3), TiledConfig(64, 64, 32, 32, 4), TiledConfig(128, 128, 64, 64, 3)]
 
 
 def torch_int4_peer(A_bf16, N, K, group):
@@ -53,15 +55,15 @@ def cublas_peer(A, W16, dtype):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "28672x8192"])
-    p.add_argument("--ms", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--ms", type=int, nargs="+", default=[1, 16, 64, 256, 4096])
     p.add_argument("--group", type=int, default=128)
     p.add_argument("--sweep", action="store_true", help="time every GemvConfig, not only the default")
     args = p.parse_args(argv)
     name = torch.cuda.get_device_name()
     bw = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), 3.0e12)
     print(f"GPU: {name}, {datetime.date.today()}, torch {torch.__version__}, floor at {bw / 1e12:.1f} TB/s")
-    rows = ["| N x K | M | floor µs | mmaemit µs (config) | x floor | cuBLAS fp16 µs | cuBLAS bf16 µs | torch int4 µs |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| N x K | M | floor µs | mmaemit µs (config) | x floor | cuBLAS fp16 µs | cuBLAS bf16 µs | torch int4 µs | "
+            "vs cuBLAS fp16 |", "|---|---|---|---|---|---|---|---|---|"]
     bad = 0
     for shape in args.shapes:
         N, K = map(int, shape.split("x"))
@@ -77,9 +79,10 @@ def main(argv=None) -> int:
             ref = A.double() @ W16.double().T
             floor = (N * K // 2 + S.numel() * 2 + A.numel() * 2 + M * N * 2) / bw * 1e6
             results = []
-            for cfg in (CONFIGS if args.sweep else CONFIGS[:1]):
+            configs = CONFIGS if M <= 16 else TILED
+            for cfg in (configs if args.sweep else configs[:1]):
                 try:
-                    func, _ = make_dequant_gemv(M, N, K, args.group, config=cfg)
+                    func, _ = make_dequant_gemm(M, N, K, args.group, config=cfg)
                 except mmaemit.MmaemitError as e:
                     print(f"  skip {cfg}: {e}")
                     continue
@@ -97,8 +100,9 @@ def main(argv=None) -> int:
             t_bf16 = cublas_peer(A, W16, torch.bfloat16)
             t_int4 = torch_int4_peer(A.to(torch.bfloat16), N, K, args.group)
             t, cfg, rel = min(results, key=lambda r: r[0])
-            rows.append(f"| {N}x{K} | {M} | {floor:.1f} | {t:.1f} ({cfg.n_blocks}, {cfg.k_slices}, {cfg.stages}, {cfg.min_blocks_per_sm}) | "
-                        f"{t / floor:.2f} | {t_fp16:.1f} | {t_bf16:.1f} | {t_int4:.1f} |")
+            tag = "x".join(str(v) for v in vars(cfg).values())
+            rows.append(f"| {N}x{K} | {M} | {floor:.1f} | {t:.1f} ({tag}) | {t / floor:.2f} | {t_fp16:.1f} | "
+                        f"{t_bf16:.1f} | {t_int4:.1f} | {t_fp16 / t:.2f} |")
             print(rows[-1], flush=True)
     print("\n".join(rows))
     return 1 if bad else 0

@@ -183,3 +183,156 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 C[o // BN, cta * BN + o % BN] = T.Cast(dtype, acc[0])
 
     return gemv, em
+
+
+@dataclass(frozen=True)
+class TiledConfig:
+    """Tile configuration of the tiled path (M > 16)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    warp_m: int = 64
+    warp_n: int = 64
+    stages: int = 4
+    panel: int = 8
+
+
+def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: TiledConfig = TiledConfig(),
+                            arch=None):
+    """The tiled path: same arguments and layouts as :func:`make_dequant_gemv`, any M >= 1 (rows >= M masked).
+
+    Per CTA (``block_m x block_n``) and 64-wide K chunk, one ``stages``-deep cp.async ring carries the A tile
+    (swizzled, rows >= M zero-filled), the packed weight blocks and their scales. A warp reads its A-fragment
+    registers with 16-byte shared loads (the kernel layout's K permutation makes them contiguous), its weight words
+    with one 16-byte load per n16 block, decodes them with the group scale (``decode_program(..., mode="scale")``)
+    straight into B fragments and issues ``mma.sync m16n8k16``.
+    """
+    from tvm.script import tirx as T
+
+    from mmaemit import make_mma_swizzle_layout
+    from mmaemit.layouts.raster import panel_swizzle
+
+    dtype = canonical(dtype)
+    if dtype not in ("float16", "bfloat16"):
+        raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
+    cfg = config
+    BM, BN, ST = cfg.block_m, cfg.block_n, cfg.stages
+    G = K if group_size in (None, -1) else group_size
+    if N % BN or BN % 16:
+        raise TileShapeError(f"N={N} must be a multiple of block_n={BN} (itself a multiple of 16)")
+    if K % CHUNK or G % CHUNK or K % G:
+        raise TileShapeError(f"K={K} and group_size={group_size} must be multiples of {CHUNK}, the group dividing K")
+    if M < 1:
+        raise TileShapeError(f"M must be >= 1, not {M}")
+    em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=BM // cfg.warp_m,
+                                 block_col_warps=BN // cfg.warp_n, warp_row_tiles=cfg.warp_m,
+                                 warp_col_tiles=cfg.warp_n, chunk=16, n_tile=16, arch=arch)
+    THREADS, NW = em.threads, em.num_warps
+    GM, GN = (M + BM - 1) // BM, N // BN
+    KT = K // CHUNK
+    NBC = BN // 16                         # n16 blocks per CTA
+    WR, WC = em.warp_rows, em.warp_cols    # m16 tiles / n16 blocks per warp
+    A_PIECES = BM * 8                      # 16-byte pieces of one A chunk (64 halfs per row)
+    W_PIECES = NBC * 32                    # 16-byte pieces of the packed weights of one chunk
+    S_PIECES = NBC * 2                     # 16-byte pieces of the chunk's scales ([nb, 4, 4] halfs)
+    for name, pieces in (("A", A_PIECES), ("W", W_PIECES)):
+        if pieces % THREADS:
+            raise TileShapeError(f"{name} tile of {pieces} 16-byte pieces does not split over {THREADS} threads")
+    swz = make_mma_swizzle_layout((ST, BM, CHUNK), dtype)
+    program = decode_program("int4", dtype, mode="scale", arch=arch or "sm_80")
+
+    def decode(word, out, pairs):
+        program.emit(word, out, scale_pair=pairs)
+
+    @T.prim_func
+    def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, 4), "int32"),
+             S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
+        T.device_entry()
+        pid = T.cta_id([GM * GN])
+        bm = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[0])
+        bn = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[1])
+        warp = T.warp_id([NW])
+        lane = T.lane_id([32])
+        tid = T.meta_var(warp * 32 + lane)
+        pool = T.SMEMPool()
+        As = pool.alloc((ST, BM, CHUNK), dtype, align=1024)
+        Ws = pool.alloc((ST, NBC, 32, 4), "uint32", align=128)
+        Ss = pool.alloc((ST, NBC, 16), dtype, align=128)
+        pool.commit()
+        A_frag, B_frag, C_frag = em.alloc_fragments()
+        em.fill_accumulators(C_frag)
+        ab = T.alloc_local((WR, 2, 4), "uint32")      # A words: m16 tile, row g / g + 8, 4 words (2 k16 steps)
+        wb = T.alloc_local((WC, 4), "uint32")
+        sp = T.alloc_local((WC, 2), "uint32")         # {s, s} for the B-fragment columns g and 8 + g
+        sv = T.alloc_local((2,), "uint32")
+        g = T.meta_var(lane // 4)
+        c = T.meta_var(lane % 4)
+        wm = T.meta_var(em.warp_coords(warp)[0])
+        wn = T.meta_var(em.warp_coords(warp)[1])
+
+        @T.inline
+        def issue(kt):
+            st = T.meta_var(kt % ST)
+            for t in T.unroll(A_PIECES // THREADS):
+                q = T.meta_var(tid + t * THREADS)
+                r = T.meta_var(q // 8)
+                row = T.meta_var(bm * BM + r)
+                # rows >= M: zero-filled (source size 0) from a valid address
+                T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz(st, r, q % 8 * 8)),
+                                                   A.ptr_to([T.min(row, M - 1), kt * CHUNK + q % 8 * 8]), 16,
+                                                   T.Select(row < M, T.uint32(16), T.uint32(0)))
+            for t in T.unroll(W_PIECES // THREADS):
+                q = T.meta_var(tid + t * THREADS)
+                T.ptx["cp.async.cg.shared.global"](Ws.ptr_to([st, q // 32, q % 32, 0]),
+                                                   W.ptr_to([bn * NBC + q // 32, kt, q % 32, 0]), 16)
+            if tid < S_PIECES:
+                T.ptx["cp.async.cg.shared.global"](Ss.ptr_to([st, tid // 2, tid % 2 * 8]),
+                                                   S.ptr_to([bn * NBC + tid // 2, kt * CHUNK // G,
+                                                             tid % 2 * 2, 0]), 16)
+
+        for s0 in T.unroll(ST - 1):
+            if s0 < KT:
+                issue(s0)
+            T.ptx["cp.async.commit_group"]()
+        for kt in T.serial(KT):
+            T.ptx["cp.async.wait_group"](ST - 2)
+            T.cuda.cta_sync()
+            if kt + ST - 1 < KT:
+                issue(kt + ST - 1)
+            T.ptx["cp.async.commit_group"]()
+            st = T.meta_var(kt % ST)
+            for j in T.unroll(WC):
+                nb = T.meta_var(wn * WC + j)
+                T.ptx["ld.shared.v4.b32"](wb[j, 0], wb[j, 1], wb[j, 2], wb[j, 3], Ws.ptr_to([st, nb, lane, 0]))
+                # scales of this lane's B columns n = g and 8 + g: [h=0/1, c' = g // 2, e = g % 2] of [2, 4, 2]
+                T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([st, nb, g // 2 * 4]))
+                for h in T.unroll(2):
+                    sp[j, h] = ((sv[h] >> T.Cast("uint32", 16 * (g % 2))) & T.uint32(0xFFFF)) * T.uint32(0x10001)
+            for half in T.unroll(2):
+                for i in T.unroll(WR):
+                    for r in T.unroll(2):
+                        T.ptx["ld.shared.v4.b32"](ab[i, r, 0], ab[i, r, 1], ab[i, r, 2], ab[i, r, 3],
+                                                  As.ptr_to(swz(st, wm * cfg.warp_m + 16 * i + 8 * r + g,
+                                                                16 * c + 8 * half)))
+                for s2 in T.unroll(2):
+                    s = T.meta_var(2 * half + s2)
+                    for j in T.unroll(WC):
+                        decode(wb[j, s], [B_frag[j, q] for q in range(4)],
+                               [sp[j, 0], sp[j, 0], sp[j, 1], sp[j, 1]])
+                    for i in T.unroll(WR):
+                        A_frag[i, 0] = ab[i, 0, 2 * s2]
+                        A_frag[i, 1] = ab[i, 1, 2 * s2]
+                        A_frag[i, 2] = ab[i, 0, 2 * s2 + 1]
+                        A_frag[i, 3] = ab[i, 1, 2 * s2 + 1]
+                    em.mma(A_frag, B_frag, C_frag)
+        T.ptx["cp.async.wait_group"](0)
+        em.stmatrix(C_frag, C, warp=warp, lane=lane, block_row=bm, block_col=bn, row_limit=M, use_stmatrix=False)
+
+    return gemm, em
+
+
+def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arch=None):
+    """W4A16 for any M with one weight layout: the GEMV path for M <= 16, the tiled path above."""
+    if M <= 16:
+        return make_dequant_gemv(M, N, K, group_size, dtype, config or GemvConfig(), arch)
+    return make_dequant_gemm_tiled(M, N, K, group_size, dtype, config or TiledConfig(), arch)

@@ -7,7 +7,8 @@ from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import (from_kernel_layout, from_kernel_scales, k_permutation, to_kernel_layout,
                                            to_kernel_scales)
 from mmaemit.errors import TileShapeError
-from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
+from mmaemit.examples.dequant_gemm import (GemvConfig, TiledConfig, make_dequant_gemm, make_dequant_gemm_tiled,
+                                           make_dequant_gemv)
 
 
 def _problem(M, N, K, group, device="cpu", seed=0, dtype=torch.float16):
@@ -81,6 +82,45 @@ def test_gemv_matches_reference_on_gpu(M, group, config, dtype):
     N, K = 512, 4096
     (A, Wk, S), ref = _problem(M, N, K, group, device="cuda", seed=M, dtype=dtype)
     func, _ = make_dequant_gemv(M, N, K, group, dtype=str(dtype)[6:], config=config)
+    kernel = mmaemit.compile(func)
+    C = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+    kernel(A, Wk, S, C)
+    assert not torch.isnan(C).any()
+    rel = ((C.double().cpu() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
+
+
+@pytest.mark.parametrize("M, dtype, config", [
+    (128, torch.float16, TiledConfig()),
+    (50, torch.bfloat16, TiledConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=3)),
+    (17, torch.float16, TiledConfig(block_m=32, block_n=64, warp_m=32, warp_n=32, stages=2)),
+])
+def test_tiled_path_on_the_interpreter(M, dtype, config):
+    N, K = 128, 512
+    (A, Wk, S), ref = _problem(M, N, K, 128, dtype=dtype)
+    func, _ = make_dequant_gemm_tiled(M, N, K, 128, dtype=str(dtype)[6:], config=config, arch="sm_90a")
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    report = mmaemit.interpret(func, A, Wk, S, C, arch="sm_90a")
+    assert report.ok and report.total_bank_conflicts == 0, report.summary()
+    rel = ((C.double() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
+
+
+def test_dispatch_by_m_uses_one_layout():
+    assert make_dequant_gemm(16, 256, 2048)[1].block_m == 16
+    assert make_dequant_gemm(17, 256, 2048)[1].block_m == 128
+    with pytest.raises(TileShapeError, match="block_n"):
+        make_dequant_gemm(64, 200, 2048)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 128, 1024, 333])
+@pytest.mark.parametrize("group", [64, 128, -1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dequant_gemm_every_m_on_gpu(M, group, dtype):
+    N, K = 512, 2048
+    (A, Wk, S), ref = _problem(M, N, K, group, device="cuda", seed=M + 7, dtype=dtype)
+    func, _ = make_dequant_gemm(M, N, K, group, dtype=str(dtype)[6:])
     kernel = mmaemit.compile(func)
     C = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
     kernel(A, Wk, S, C)
