@@ -29,6 +29,35 @@ from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 
+WEIGHT_FORMATS = ("int4", "uint4")
+ZEROS_MODES = (None, "original", "rescale", "quantized")
+
+
+def _check_scheme(weight_format, zeros_mode):
+    """Validate the weight format / zeros mode; returns the Z buffer dtype (None without zeros)."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise UnsupportedConfigError(f"weight_format must be one of {choices(WEIGHT_FORMATS)}, not {weight_format!r}")
+    if zeros_mode not in ZEROS_MODES:
+        raise UnsupportedConfigError(f"zeros_mode must be one of {choices(m for m in ZEROS_MODES if m)} or None, "
+                                     f"not {zeros_mode!r}")
+    if zeros_mode is not None and weight_format != "uint4":
+        raise UnsupportedConfigError(f"zero points apply to unsigned codes: weight_format must be 'uint4' with "
+                                     f"zeros_mode={zeros_mode!r}")
+    return None if zeros_mode is None else ("int16" if zeros_mode == "quantized" else "act")
+
+
+def _pair_of_column(word0, word1, g, h):
+    """{v, v} (uint32) of the B-fragment column n = 8h + g from a lane's [h, e] quad of a kernel-layout row c' = g//2.
+
+    ``word0``/``word1`` hold halves (h=0, e=0/1) and (h=1, e=0/1) of ``to_kernel_scales``' [nb, grp, g // 2, :]."""
+    from tvm.script import tirx as T
+
+    if h not in (0, 1) or not isinstance(h, int):
+        raise TypeError(f"h must be the Python int 0 or 1 (an n8 half chosen at build time), not {h!r}")
+    word = word0 if h == 0 else word1
+    return ((word >> T.Cast("uint32", 16 * (g % 2))) & T.uint32(0xFFFF)) * T.uint32(0x10001)
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     """Tile configuration of the small-M path."""
@@ -39,11 +68,19 @@ class GemvConfig:
     min_blocks_per_sm: int = 1   # __launch_bounds__ minimum: 2 asks nvcc to fit two CTAs per SM in registers
 
 
-def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None):
-    """Build ``gemv(A, W, S, C)``: A [M, K], W int32 [N/16, K/64, 32, 4] (``to_kernel_layout``), S [N/16, K/group, 4,
-    4] (``to_kernel_scales``, A's dtype), C [M, N]. Codes are int4 (two's complement, value = scale * q)."""
+def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
+                      weight_format="int4", zeros_mode=None):
+    """Build ``gemv(A, W, S, C)`` (``gemv(A, W, S, Z, C)`` with zeros): A [M, K], W int32 [N/16, K/64, 32, 4]
+    (``to_kernel_layout``), S [N/16, K/group, 4, 4] (``to_kernel_scales``, A's dtype), C [M, N].
+
+    ``weight_format``: "int4" (two's complement, W = s * q) or "uint4" (q in 0..15). ``zeros_mode`` (uint4 only):
+    "original" W = (q - z) s, "rescale" W = q s - z (z in A's dtype, same layout as S), "quantized" W = (q - z) s with
+    integer zero codes z (int16, same layout). Without zeros the scale is applied to the fp32 partial sums after the
+    mma; with zeros the decode applies scale and zero to the weights (``decode_program`` modes).
+    """
     from tvm.script import tirx as T
 
+    z_kind = _check_scheme(weight_format, zeros_mode)
     dtype = canonical(dtype)
     if dtype not in ("float16", "bfloat16"):
         raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
@@ -72,22 +109,18 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     OUT_ITERS = (M * BN + THREADS - 1) // THREADS
 
     # 8 nibbles e0 e2 e4 e6 | e1 e3 e5 e7 -> 4 f16x2 B registers (lop3 into 0x6400, exact sub): mmaemit.dequant.decode
-    program = decode_program("int4", dtype, mode="none", arch=arch or "sm_80")
+    POST_SCALE = zeros_mode is None
+    program = decode_program(weight_format, dtype, mode="none" if POST_SCALE else zeros_mode, arch=arch or "sm_80")
+    ZD = dtype if z_kind == "act" else z_kind
 
-    def decode_int4(word, out):
-        program.emit(word, out)  # appends the ops; returns nothing to the parser
+    def decode_word(word, out, scales=None, zeros=None):
+        program.emit(word, out, scale_pair=scales, zero_pair=zeros)  # appends the ops; returns nothing to the parser
 
     def scale_to_f32(word, e):
         return T.Cast("float32", T.reinterpret(dtype, T.Cast("uint16", (word >> T.uint32(16 * e)) & T.uint32(0xFFFF))))
 
-    @T.prim_func
-    def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, 4), "int32"),
-             S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
-        T.device_entry()
-        T.attr({"tirx.launch_bounds_min_blocks_per_sm": MINB})
-        cta = T.cta_id([N // BN])
-        warp = T.warp_id([KS])
-        lane = T.lane_id([32])
+    @T.inline
+    def body(A, W, S, Z, C, cta, warp, lane):
         pool = T.SMEMPool()
         Ring = pool.alloc((ST, NB, KS * 32, 4), "uint32", align=128)   # [stage, block, thread, word]
         pool.move_base_to(0)
@@ -100,6 +133,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         wb = T.alloc_local((NB, 4), "uint32")
         ab = T.alloc_local((2, ROWS, 8), "uint32")
         sreg = T.alloc_local((NB, 2), "uint32")
+        zreg = T.alloc_local((NB, 2), "uint32")
         for q in T.unroll(16 * ROWS):
             ab[q // (8 * ROWS), q // 8 % ROWS, q % 8] = T.uint32(0)
         for q in T.unroll(4):
@@ -139,15 +173,30 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             # a K slice may start or end inside a scale group: its share of the group is scaled on its own
             if kc % GC == 0 or j == 0:             # first chunk of a group (in this slice): fetch its scales
                 for nb in T.unroll(NB):
-                    T.ptx["ld.global.nc.v2.b32"](sreg[nb, 0], sreg[nb, 1], S.ptr_to([cta * NB + nb, kc // GC, c, 0]))
+                    if POST_SCALE:                 # the accumulator columns 2c, 2c + 1 of both n8 halves
+                        T.ptx["ld.global.nc.v2.b32"](sreg[nb, 0], sreg[nb, 1],
+                                                     S.ptr_to([cta * NB + nb, kc // GC, c, 0]))
+                    else:                          # the B-fragment columns g and 8 + g (decode-time scaling)
+                        T.ptx["ld.global.nc.v2.b32"](sreg[nb, 0], sreg[nb, 1],
+                                                     S.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]))
+                        T.ptx["ld.global.nc.v2.b32"](zreg[nb, 0], zreg[nb, 1],
+                                                     Z.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]))
             for s in T.unroll(4):
                 for r in T.unroll(ROWS):
                     A_frag[0, r] = ab[buf, r, 2 * s]
                     A_frag[0, 2 + r] = ab[buf, r, 2 * s + 1]
                 for nb in T.unroll(NB):
-                    decode_int4(wb[nb, s], [B_frag[nb, i] for i in range(4)])
-                em.mma(A_frag, B_frag, P_frag)
-            if kc % GC == GC - 1 or j == CH - 1:   # last chunk of the group (in this slice): acc += s * partial
+                    if POST_SCALE:
+                        decode_word(wb[nb, s], [B_frag[nb, i] for i in range(4)])
+                    else:
+                        sp = T.meta_var([_pair_of_column(sreg[nb, 0], sreg[nb, 1], g, i // 2) for i in range(4)])
+                        zp = T.meta_var([_pair_of_column(zreg[nb, 0], zreg[nb, 1], g, i // 2) for i in range(4)])
+                        decode_word(wb[nb, s], [B_frag[nb, i] for i in range(4)], sp, zp)
+                if POST_SCALE:
+                    em.mma(A_frag, B_frag, P_frag)
+                else:
+                    em.mma(A_frag, B_frag, C_frag)
+            if POST_SCALE and (kc % GC == GC - 1 or j == CH - 1):   # group end in this slice: acc += s * partial
                 for nb in T.unroll(NB):
                     for q in T.unroll(em.local_size_c):
                         e = T.meta_var(em.c_layout.forward(lane, q % 4, 0)[1] % 2)
@@ -182,6 +231,28 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                     acc[0] = acc[0] + Part[w, o // BN, o % BN]
                 C[o // BN, cta * BN + o % BN] = T.Cast(dtype, acc[0])
 
+    if z_kind is None:
+        @T.prim_func
+        def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, 4), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
+            T.device_entry()
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": MINB})
+            cta = T.cta_id([N // BN])
+            warp = T.warp_id([KS])
+            lane = T.lane_id([32])
+            body(A, W, S, None, C, cta, warp, lane)
+    else:
+        @T.prim_func
+        def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, 4), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
+                 C: T.Buffer((M, N), dtype)):
+            T.device_entry()
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": MINB})
+            cta = T.cta_id([N // BN])
+            warp = T.warp_id([KS])
+            lane = T.lane_id([32])
+            body(A, W, S, Z, C, cta, warp, lane)
+
     return gemv, em
 
 
@@ -198,17 +269,18 @@ class TiledConfig:
 
 
 def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: TiledConfig = TiledConfig(),
-                            arch=None):
+                            arch=None, *, weight_format="int4", zeros_mode=None):
     """The tiled path: same arguments and layouts as :func:`make_dequant_gemv`, any M >= 1 (rows >= M masked).
 
     Per CTA (``block_m x block_n``) and 64-wide K chunk, one ``stages``-deep cp.async ring carries the A tile
     (swizzled, rows >= M zero-filled), the packed weight blocks and their scales. A warp reads its A-fragment
     registers with 16-byte shared loads (the kernel layout's K permutation makes them contiguous), its weight words
     with one 16-byte load per n16 block, decodes them with the group scale (``decode_program(..., mode="scale")``)
-    straight into B fragments and issues ``mma.sync m16n8k16``.
+    straight into B fragments and issues ``mma.sync m16n8k16``. Zeros (``zeros_mode``, uint4) travel with the scales.
     """
     from tvm.script import tirx as T
 
+    z_kind = _check_scheme(weight_format, zeros_mode)
     from mmaemit import make_mma_swizzle_layout
     from mmaemit.layouts.raster import panel_swizzle
 
@@ -239,31 +311,31 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         if pieces % THREADS:
             raise TileShapeError(f"{name} tile of {pieces} 16-byte pieces does not split over {THREADS} threads")
     swz = make_mma_swizzle_layout((ST, BM, CHUNK), dtype)
-    program = decode_program("int4", dtype, mode="scale", arch=arch or "sm_80")
+    program = decode_program(weight_format, dtype, mode="scale" if zeros_mode is None else zeros_mode,
+                             arch=arch or "sm_80")
+    HAS_Z = z_kind is not None
+    ZD = dtype if z_kind in (None, "act") else z_kind
 
-    def decode(word, out, pairs):
-        program.emit(word, out, scale_pair=pairs)
+    def decode(word, out, scales, zeros):
+        program.emit(word, out, scale_pair=scales, zero_pair=zeros)
 
-    @T.prim_func
-    def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, 4), "int32"),
-             S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
-        T.device_entry()
-        pid = T.cta_id([GM * GN])
+    @T.inline
+    def body(A, W, S, Z, C, pid, warp, lane):
         bm = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[0])
         bn = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[1])
-        warp = T.warp_id([NW])
-        lane = T.lane_id([32])
         tid = T.meta_var(warp * 32 + lane)
         pool = T.SMEMPool()
         As = pool.alloc((ST, BM, CHUNK), dtype, align=1024)
         Ws = pool.alloc((ST, NBC, 32, 4), "uint32", align=128)
         Ss = pool.alloc((ST, NBC, 16), dtype, align=128)
+        Zs = pool.alloc((ST, NBC, 16), ZD, align=128)
         pool.commit()
         A_frag, B_frag, C_frag = em.alloc_fragments()
         em.fill_accumulators(C_frag)
         ab = T.alloc_local((WR, 2, 4), "uint32")      # A words: m16 tile, row g / g + 8, 4 words (2 k16 steps)
         wb = T.alloc_local((WC, 4), "uint32")
         sp = T.alloc_local((WC, 2), "uint32")         # {s, s} for the B-fragment columns g and 8 + g
+        zp = T.alloc_local((WC, 2), "uint32")         # {z, z} likewise
         sv = T.alloc_local((2,), "uint32")
         g = T.meta_var(lane // 4)
         c = T.meta_var(lane % 4)
@@ -289,6 +361,10 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                 T.ptx["cp.async.cg.shared.global"](Ss.ptr_to([st, tid // 2, tid % 2 * 8]),
                                                    S.ptr_to([bn * NBC + tid // 2, kt * CHUNK // G,
                                                              tid % 2 * 2, 0]), 16)
+                if HAS_Z:
+                    T.ptx["cp.async.cg.shared.global"](Zs.ptr_to([st, tid // 2, tid % 2 * 8]),
+                                                       Z.ptr_to([bn * NBC + tid // 2, kt * CHUNK // G,
+                                                                 tid % 2 * 2, 0]), 16)
 
         for s0 in T.unroll(ST - 1):
             if s0 < KT:
@@ -306,8 +382,12 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                 T.ptx["ld.shared.v4.b32"](wb[j, 0], wb[j, 1], wb[j, 2], wb[j, 3], Ws.ptr_to([st, nb, lane, 0]))
                 # scales of this lane's B columns n = g and 8 + g: [h=0/1, c' = g // 2, e = g % 2] of [2, 4, 2]
                 T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([st, nb, g // 2 * 4]))
-                for h in T.unroll(2):
-                    sp[j, h] = ((sv[h] >> T.Cast("uint32", 16 * (g % 2))) & T.uint32(0xFFFF)) * T.uint32(0x10001)
+                sp[j, 0] = _pair_of_column(sv[0], sv[1], g, 0)
+                sp[j, 1] = _pair_of_column(sv[0], sv[1], g, 1)
+                if HAS_Z:
+                    T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Zs.ptr_to([st, nb, g // 2 * 4]))
+                    zp[j, 0] = _pair_of_column(sv[0], sv[1], g, 0)
+                    zp[j, 1] = _pair_of_column(sv[0], sv[1], g, 1)
             for half in T.unroll(2):
                 for i in T.unroll(WR):
                     for r in T.unroll(2):
@@ -318,7 +398,8 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                     s = T.meta_var(2 * half + s2)
                     for j in T.unroll(WC):
                         decode(wb[j, s], [B_frag[j, q] for q in range(4)],
-                               [sp[j, 0], sp[j, 0], sp[j, 1], sp[j, 1]])
+                               [sp[j, 0], sp[j, 0], sp[j, 1], sp[j, 1]],
+                               [zp[j, 0], zp[j, 0], zp[j, 1], zp[j, 1]] if HAS_Z else None)
                     for i in T.unroll(WR):
                         A_frag[i, 0] = ab[i, 0, 2 * s2]
                         A_frag[i, 1] = ab[i, 1, 2 * s2]
@@ -328,11 +409,33 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         T.ptx["cp.async.wait_group"](0)
         em.stmatrix(C_frag, C, warp=warp, lane=lane, block_row=bm, block_col=bn, row_limit=M, use_stmatrix=False)
 
+    if not HAS_Z:
+        @T.prim_func
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, 4), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
+            T.device_entry()
+            pid = T.cta_id([GM * GN])
+            warp = T.warp_id([NW])
+            lane = T.lane_id([32])
+            body(A, W, S, None, C, pid, warp, lane)
+    else:
+        @T.prim_func
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, 4), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
+                 C: T.Buffer((M, N), dtype)):
+            T.device_entry()
+            pid = T.cta_id([GM * GN])
+            warp = T.warp_id([NW])
+            lane = T.lane_id([32])
+            body(A, W, S, Z, C, pid, warp, lane)
+
     return gemm, em
 
 
-def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arch=None):
+def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arch=None, *, weight_format="int4",
+                      zeros_mode=None):
     """W4A16 for any M with one weight layout: the GEMV path for M <= 16, the tiled path above."""
+    kw = dict(weight_format=weight_format, zeros_mode=zeros_mode)
     if M <= 16:
-        return make_dequant_gemv(M, N, K, group_size, dtype, config or GemvConfig(), arch)
-    return make_dequant_gemm_tiled(M, N, K, group_size, dtype, config or TiledConfig(), arch)
+        return make_dequant_gemv(M, N, K, group_size, dtype, config or GemvConfig(), arch, **kw)
+    return make_dequant_gemm_tiled(M, N, K, group_size, dtype, config or TiledConfig(), arch, **kw)

@@ -127,3 +127,66 @@ def test_dequant_gemm_every_m_on_gpu(M, group, dtype):
     assert not torch.isnan(C).any()
     rel = ((C.double().cpu() - ref).norm() / ref.norm()).item()
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
+
+
+def _problem_zeros(M, N, K, group, mode, dtype=torch.float16, device="cpu", seed=0):
+    """uint4 weights with zero points: kernel arguments (A, W, S, Z) and an fp64 reference of the dequantized GEMM."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    scheme = D.QuantScheme("uint4", group_size=group, zeros_mode=mode)
+    qw = D.quantize(w, scheme)
+    codes = qw.codes()
+    A = torch.randn(M, K, generator=g).to(dtype)
+    if mode == "quantized":
+        zeros_ref = qw.zeros                                        # packed GPTQ-style, as the reference takes it
+        z_kernel = D.unpack_zeros(qw.zeros, 4).to(torch.int16)      # the kernel takes the integer codes
+    else:
+        zeros_ref = qw.zeros.to(dtype)                              # the kernel's contract: zeros in A's dtype
+        z_kernel = zeros_ref
+    W_ref = D.dequantize_codes(codes, scheme, qw.scales, zeros_ref, out_dtype=str(dtype)[6:])
+    ref = A.double() @ torch.as_tensor(W_ref).double().T
+    args = [A, to_kernel_layout(codes), to_kernel_scales(qw.scales), to_kernel_scales(z_kernel)]
+    return [t.to(device) for t in args], ref
+
+
+@pytest.mark.parametrize("M, mode, dtype", [(1, "rescale", torch.bfloat16), (3, "original", torch.float16),
+                                            (9, "rescale", torch.float16), (16, "quantized", torch.float16),
+                                            (2, "quantized", torch.bfloat16), (40, "original", torch.float16),
+                                            (64, "quantized", torch.bfloat16), (33, "rescale", torch.float16)])
+def test_uint4_zero_modes_on_the_interpreter(M, mode, dtype):
+    N, K = 128, 512
+    args, ref = _problem_zeros(M, N, K, 128, mode, dtype)
+    config = (GemvConfig(n_blocks=2, k_slices=2, stages=3) if M <= 16
+              else TiledConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=3))
+    func, _ = make_dequant_gemm(M, N, K, 128, str(dtype)[6:], config, "sm_90a", weight_format="uint4",
+                                zeros_mode=mode)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
+    rel = ((C.double() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), (mode, rel)
+
+
+def test_bad_weight_format_and_zero_mode_combinations():
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="uint4"):
+        make_dequant_gemm(1, 256, 4096, weight_format="int4", zeros_mode="original")
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="'int4', 'uint4'"):
+        make_dequant_gemm(1, 256, 4096, weight_format="nf4")
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="'original'"):
+        make_dequant_gemm(64, 256, 4096, weight_format="uint4", zeros_mode="asymmetric")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 128, 1024])
+@pytest.mark.parametrize("mode", ["original", "rescale", "quantized"])
+@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_uint4_zero_modes_on_gpu(M, mode, group, dtype):
+    N, K = 512, 2048
+    args, ref = _problem_zeros(M, N, K, group, mode, dtype, device="cuda", seed=M)
+    func, _ = make_dequant_gemm(M, N, K, group, str(dtype)[6:], weight_format="uint4", zeros_mode=mode)
+    kernel = mmaemit.compile(func)
+    C = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+    kernel(*args, C)
+    assert not torch.isnan(C).any()
+    rel = ((C.double().cpu() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), (mode, rel)
