@@ -29,8 +29,19 @@ from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 
-WEIGHT_FORMATS = ("int4", "uint4")
+WEIGHT_FORMATS = ("int4", "uint4", "float4_e2m1fn", "nf4")   # every 4-bit format: one kernel layout
 ZEROS_MODES = (None, "original", "rescale", "quantized")
+
+
+def _program(weight_format, dtype, mode, arch):
+    """The decode program: the magic-number fast path where one exists, else the exact reference converter (nf4;
+    e2m1 to bf16)."""
+    from mmaemit.errors import MmaemitError
+
+    try:
+        return decode_program(weight_format, dtype, mode=mode, arch=arch or "sm_80")
+    except MmaemitError:
+        return decode_program(weight_format, dtype, mode=mode, arch=arch or "sm_80", fast=False)
 
 
 def _check_scheme(weight_format, zeros_mode):
@@ -73,7 +84,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     """Build ``gemv(A, W, S, C)`` (``gemv(A, W, S, Z, C)`` with zeros): A [M, K], W int32 [N/16, K/64, 32, 4]
     (``to_kernel_layout``), S [N/16, K/group, 4, 4] (``to_kernel_scales``, A's dtype), C [M, N].
 
-    ``weight_format``: "int4" (two's complement, W = s * q) or "uint4" (q in 0..15). ``zeros_mode`` (uint4 only):
+    ``weight_format``: "int4" (two's complement, W = s * q), "uint4" (q in 0..15), "float4_e2m1fn" (OCP fp4) or
+    "nf4" (the NormalFloat table), all W = s * value(q). ``zeros_mode`` (uint4 only):
     "original" W = (q - z) s, "rescale" W = q s - z (z in A's dtype, same layout as S), "quantized" W = (q - z) s with
     integer zero codes z (int16, same layout). Without zeros the scale is applied to the fp32 partial sums after the
     mma; with zeros the decode applies scale and zero to the weights (``decode_program`` modes).
@@ -110,7 +122,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
 
     # 8 nibbles e0 e2 e4 e6 | e1 e3 e5 e7 -> 4 f16x2 B registers (lop3 into 0x6400, exact sub): mmaemit.dequant.decode
     POST_SCALE = zeros_mode is None
-    program = decode_program(weight_format, dtype, mode="none" if POST_SCALE else zeros_mode, arch=arch or "sm_80")
+    program = _program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch)
     ZD = dtype if z_kind == "act" else z_kind
 
     def decode_word(word, out, scales=None, zeros=None):
@@ -311,8 +323,7 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         if pieces % THREADS:
             raise TileShapeError(f"{name} tile of {pieces} 16-byte pieces does not split over {THREADS} threads")
     swz = make_mma_swizzle_layout((ST, BM, CHUNK), dtype)
-    program = decode_program(weight_format, dtype, mode="scale" if zeros_mode is None else zeros_mode,
-                             arch=arch or "sm_80")
+    program = _program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch)
     HAS_Z = z_kind is not None
     ZD = dtype if z_kind in (None, "act") else z_kind
 

@@ -11,10 +11,10 @@ from mmaemit.examples.dequant_gemm import (GemvConfig, TiledConfig, make_dequant
                                            make_dequant_gemv)
 
 
-def _problem(M, N, K, group, device="cpu", seed=0, dtype=torch.float16):
+def _problem(M, N, K, group, device="cpu", seed=0, dtype=torch.float16, fmt="int4"):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(N, K, generator=g, dtype=torch.float32).to(dtype)
-    qw = D.quantize(w, D.QuantScheme("int4", group_size=group))
+    qw = D.quantize(w, D.QuantScheme(fmt, group_size=group))
     A = torch.randn(M, K, generator=g).to(dtype)
     ref = A.double() @ qw.dequantize().double().T
     Wk = to_kernel_layout(qw.codes())
@@ -190,3 +190,36 @@ def test_uint4_zero_modes_on_gpu(M, mode, group, dtype):
     assert not torch.isnan(C).any()
     rel = ((C.double().cpu() - ref).norm() / ref.norm()).item()
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), (mode, rel)
+
+
+@pytest.mark.parametrize("fmt, M, dtype", [("nf4", 1, torch.float16), ("float4_e2m1fn", 5, torch.float16),
+                                          ("float4_e2m1fn", 2, torch.bfloat16), ("nf4", 48, torch.bfloat16),
+                                          ("float4_e2m1fn", 64, torch.float16)])
+def test_float4_formats_on_the_interpreter(fmt, M, dtype):
+    N, K = 128, 512
+    (A, Wk, S), ref = _problem(M, N, K, 128, dtype=dtype, fmt=fmt)
+    config = (GemvConfig(n_blocks=2, k_slices=2, stages=3) if M <= 16
+              else TiledConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=3))
+    func, _ = make_dequant_gemm(M, N, K, 128, str(dtype)[6:], config, "sm_90a", weight_format=fmt)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(func, A, Wk, S, C, arch="sm_90a").ok
+    rel = ((C.double() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), (fmt, rel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nf4", "float4_e2m1fn", "uint4"])
+@pytest.mark.parametrize("M", [1, 16, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_float4_formats_on_gpu(fmt, M, dtype):
+    if fmt == "uint4":
+        pytest.skip("uint4 needs zero points: covered by test_uint4_zero_modes_on_gpu")
+    N, K = 512, 2048
+    (A, Wk, S), ref = _problem(M, N, K, 128, device="cuda", seed=M, dtype=dtype, fmt=fmt)
+    func, _ = make_dequant_gemm(M, N, K, 128, str(dtype)[6:], weight_format=fmt)
+    kernel = mmaemit.compile(func)
+    C = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+    kernel(A, Wk, S, C)
+    assert not torch.isnan(C).any()
+    rel = ((C.double().cpu() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), (fmt, rel)

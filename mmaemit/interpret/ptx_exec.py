@@ -619,12 +619,39 @@ def _half(kp, ops, mod, site):
     return _elementwise(kp, ops, "d", names, lambda *xs: ptx.half_arith(op, t, *xs, **kw), site)
 
 
+@_family("bfe")
+def _bfe(kp, ops, mod, site):
+    from ..dequant import regops   # the one definition of bfe / set / directed f32 fma (see regops)
+
+    t = mod["type"]
+    if t not in ("u32", "s32"):
+        raise kp._unsupported(f"bfe.{t} (the interpreter implements bfe.u32 and bfe.s32)")
+    f = regops.bfe_u32 if t == "u32" else regops.bfe_s32
+    return _elementwise(kp, ops, "d", ("a", "b", "c"), f, site)
+
+
+@_family("set")
+def _set(kp, ops, mod, site):
+    from ..dequant import regops
+
+    cmp, dt, stype = mod["cmp"], mod["dtype"], mod["stype"]
+    if cmp not in ("eq", "ne") or dt != "u32" or stype not in ("u32", "b32", "s32"):
+        raise kp._unsupported(f"set.{cmp}.{dt}.{stype} (the interpreter implements set.{{eq,ne}}.u32 on 32-bit ints)")
+    return _elementwise(kp, ops, "d", ("a", "b"), lambda a, b: regops.set_cmp(cmp, a, b), site)
+
+
 @_family("add", "sub", "mul", "fma")
 def _f32(kp, ops, mod, site):
     t = mod["type"]
     fam = ops.family
-    if t != "f32" or mod.get("srctype") or mod.get("rnd", "rn") not in ("rn", ""):
-        raise kp._unsupported(f"{fam}.{mod.get('rnd') or 'rn'}.{t} (the interpreter implements .rn.f32)")
+    rnd = mod.get("rnd") or "rn"
+    if fam == "fma" and t == "f32" and rnd != "rn" and not mod.get("srctype") and not mod.get("ftz") \
+            and not mod.get("sat"):
+        from ..dequant import regops
+
+        return _elementwise(kp, ops, "d", ("a", "b", "c"), lambda a, b, c: regops.fma_f32(a, b, c, rnd), site)
+    if t != "f32" or mod.get("srctype") or rnd != "rn":
+        raise kp._unsupported(f"{fam}.{rnd}.{t} (the interpreter implements .rn.f32 and fma.{{rz,rm,rp}}.f32)")
     ftz, sat = bool(mod.get("ftz")), bool(mod.get("sat"))
 
     def f64(x):
