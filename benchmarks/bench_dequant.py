@@ -57,18 +57,20 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "28672x8192"])
     p.add_argument("--ms", type=int, nargs="+", default=[1, 16, 64, 256, 4096])
     p.add_argument("--group", type=int, default=128)
+    p.add_argument("--format", default="int4", help="4-bit weight format: int4, float4_e2m1fn or nf4")
     p.add_argument("--sweep", action="store_true", help="time every GemvConfig, not only the default")
     args = p.parse_args(argv)
     name = torch.cuda.get_device_name()
     bw = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), 3.0e12)
-    print(f"GPU: {name}, {datetime.date.today()}, torch {torch.__version__}, floor at {bw / 1e12:.1f} TB/s")
+    print(f"GPU: {name}, {datetime.date.today()}, torch {torch.__version__}, floor at {bw / 1e12:.1f} TB/s, "
+          f"weights {args.format} group {args.group}")
     rows = ["| N x K | M | floor µs | mmaemit µs (config) | x floor | cuBLAS fp16 µs | cuBLAS bf16 µs | torch int4 µs | "
             "vs cuBLAS fp16 |", "|---|---|---|---|---|---|---|---|---|"]
     bad = 0
     for shape in args.shapes:
         N, K = map(int, shape.split("x"))
         w = torch.randn(N, K, device="cuda", dtype=torch.float16)
-        qw = D.quantize(w, D.QuantScheme("int4", group_size=args.group))
+        qw = D.quantize(w, D.QuantScheme(args.format, group_size=args.group))
         Wk = to_kernel_layout(qw.codes()).cuda()
         S = to_kernel_scales(qw.scales).cuda()
         rot = [(Wk, S)] + [(Wk.clone(), S.clone()) for _ in range(copies_needed(Wk.numel() * 4) - 1)]
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
             configs = CONFIGS if M <= 16 else TILED
             for cfg in (configs if args.sweep else configs[:1]):
                 try:
-                    func, _ = make_dequant_gemm(M, N, K, args.group, config=cfg)
+                    func, _ = make_dequant_gemm(M, N, K, args.group, config=cfg, weight_format=args.format)
                 except mmaemit.MmaemitError as e:
                     print(f"  skip {cfg}: {e}")
                     continue
