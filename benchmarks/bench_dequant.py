@@ -23,9 +23,10 @@ from mmaemit.examples.dequant_gemm import GemvConfig, TiledConfig, make_dequant_
 from mmaemit.runtime.timing import copies_needed, time_rotating
 
 HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.3e12}   # measured device-to-device copy bandwidth
-CONFIGS = [GemvConfig(4, 16, 4), GemvConfig(4, 16, 3), GemvConfig(2, 16, 4, 2), GemvConfig(2, 8, 6, 2),
-           GemvConfig(2, 8, 4, 2), GemvConfig(4, 8, 4, 2), GemvConfig(4, 8, 6), GemvConfig(1, 16, 4, 2),
-           GemvConfig(2, 4, 8, 4)]
+CONFIGS = [GemvConfig(2, 8, 4, 2), GemvConfig(2, 8, 4, 2, "marlin"), GemvConfig(4, 16, 3),
+           GemvConfig(4, 16, 3, 1, "marlin"), GemvConfig(2, 8, 6, 2, "marlin"), GemvConfig(4, 8, 4, 2, "marlin"),
+           GemvConfig(2, 8, 4, 3, "marlin"), GemvConfig(1, 16, 4, 2, "marlin"), GemvConfig(2, 4, 8, 4, "marlin"),
+           GemvConfig(4, 8, 4, 2)]
 TILED = [TiledConfig(128, 128, 64, 64, 4), TiledConfig(64, 128, 32, 64, 4), TiledConfig(128, 256, 64, 64, 3),
          TiledConfig(256, 128, 64, 64, 3), TiledConfig(64, 64, 32, 32, 4), TiledConfig(128, 128, 64, 64, 3)]
 

@@ -33,13 +33,13 @@ WEIGHT_FORMATS = ("int4", "uint4", "float4_e2m1fn", "nf4")   # every 4-bit forma
 ZEROS_MODES = (None, "original", "rescale", "quantized")
 
 
-def _program(weight_format, dtype, mode, arch):
+def _program(weight_format, dtype, mode, arch, variant="shift"):
     """The decode program: the magic-number fast path where one exists, else the exact reference converter (nf4;
     e2m1 to bf16)."""
     from mmaemit.errors import MmaemitError
 
     try:
-        return decode_program(weight_format, dtype, mode=mode, arch=arch or "sm_80")
+        return decode_program(weight_format, dtype, mode=mode, arch=arch or "sm_80", variant=variant)
     except MmaemitError:
         return decode_program(weight_format, dtype, mode=mode, arch=arch or "sm_80", fast=False)
 
@@ -77,6 +77,7 @@ class GemvConfig:
     k_slices: int = 16   # warps per CTA, each a K slice; partial sums reduced through shared memory
     stages: int = 4      # depth of the per-thread cp.async weight ring (chunks in flight)
     min_blocks_per_sm: int = 1   # __launch_bounds__ minimum: 2 asks nvcc to fit two CTAs per SM in registers
+    decode_variant: str = "shift"  # "marlin": two-mask int4 decode (fp16 only; 9 instead of 11 ops per 8 weights)
 
 
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
@@ -122,7 +123,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
 
     # 8 nibbles e0 e2 e4 e6 | e1 e3 e5 e7 -> 4 f16x2 B registers (lop3 into 0x6400, exact sub): mmaemit.dequant.decode
     POST_SCALE = zeros_mode is None
-    program = _program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch)
+    program = _program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch, config.decode_variant)
     ZD = dtype if z_kind == "act" else z_kind
 
     def decode_word(word, out, scales=None, zeros=None):
