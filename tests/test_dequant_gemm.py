@@ -75,10 +75,13 @@ def test_gemv_rejects_bad_shapes():
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("group", [64, 128, -1])
-@pytest.mark.parametrize("config", [GemvConfig(), GemvConfig(n_blocks=2, k_slices=8, stages=6, min_blocks_per_sm=2),
-                                    GemvConfig(n_blocks=8, k_slices=4, stages=2)])
+@pytest.mark.parametrize("config", [GemvConfig(), GemvConfig(n_blocks=4, k_slices=16, stages=3, min_blocks_per_sm=1),
+                                    GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1),
+                                    GemvConfig(decode_variant="marlin")])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gemv_matches_reference_on_gpu(M, group, config, dtype):
+    if config.decode_variant == "marlin" and dtype == torch.bfloat16:
+        pytest.skip("Marlin's decode is fp16-only (its bf16 request is refused: test_marlin_variant_never_degrades)")
     N, K = 512, 4096
     (A, Wk, S), ref = _problem(M, N, K, group, device="cuda", seed=M, dtype=dtype)
     func, _ = make_dequant_gemv(M, N, K, group, dtype=str(dtype)[6:], config=config)
@@ -164,6 +167,12 @@ def test_uint4_zero_modes_on_the_interpreter(M, mode, dtype):
     assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
     rel = ((C.double() - ref).norm() / ref.norm()).item()
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), (mode, rel)
+
+
+def test_marlin_variant_never_degrades_silently():
+    make_dequant_gemv(1, 256, 4096, config=GemvConfig(decode_variant="marlin"))        # int4 -> f16: exists
+    with pytest.raises(mmaemit.MmaemitError):
+        make_dequant_gemv(1, 256, 4096, dtype="bfloat16", config=GemvConfig(decode_variant="marlin"))
 
 
 def test_bad_weight_format_and_zero_mode_combinations():
