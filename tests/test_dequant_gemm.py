@@ -232,3 +232,65 @@ def test_float4_formats_on_gpu(fmt, M, dtype):
     assert not torch.isnan(C).any()
     rel = ((C.double().cpu() - ref).norm() / ref.norm()).item()
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), (fmt, rel)
+
+
+def _gptq_checkpoint(K, N, group, seed=0):
+    """AutoGPTQ v1 tensors (qweight packed along K, qzeros along N with the -1 storage convention) and the exact
+    dequantized weight [N, K] computed from the raw codes, zeros and scales."""
+    import numpy as np
+
+    from test_dequant_importers import gptq_pack_cols, gptq_pack_rows
+
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 16, size=(K, N))
+    z = rng.integers(1, 16, size=(K // group, N))
+    s = rng.uniform(0.002, 0.02, size=(K // group, N)).astype(np.float16)
+    tensors = (torch.as_tensor(gptq_pack_rows(q, 4)), torch.as_tensor(gptq_pack_cols(z - 1, 4)), torch.as_tensor(s))
+    want = (q.T - z.repeat(group, 0).T) * s.repeat(group, 0).astype(np.float64).T
+    return tensors, torch.as_tensor(want)
+
+
+@pytest.mark.parametrize("M", [2, 40])
+def test_gptq_checkpoint_end_to_end_on_the_interpreter(M):
+    from mmaemit.dequant.kernel_layout import kernel_arguments
+
+    K, N, group = 512, 128, 128
+    (qweight, qzeros, scales), want = _gptq_checkpoint(K, N, group)
+    qw = D.from_gptq(qweight, qzeros, scales, None, bits=4, group_size=group)
+    tensors, kw = kernel_arguments(qw)
+    assert kw == {"group_size": 128, "weight_format": "uint4", "zeros_mode": "quantized"}
+    config = (GemvConfig(n_blocks=2, k_slices=2, stages=3) if M <= 16
+              else TiledConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=3))
+    func, _ = make_dequant_gemm(M, N, K, config=config, arch="sm_90a", **kw)
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
+    C = torch.full((M, N), float("nan"), dtype=torch.float16)
+    assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+    ref = A.double() @ want.T
+    assert ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_kernel_arguments_refuse_what_the_kernels_cannot_read():
+    from mmaemit.dequant.kernel_layout import kernel_arguments
+
+    w = torch.randn(64, 256).half()
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="'float4_e2m1fn', 'int4', 'nf4', 'uint4'"):
+        kernel_arguments(D.quantize(w, D.QuantScheme("int8", group_size=128)))
+    g_idx = torch.randperm(256) // 128
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="act-order"):
+        kernel_arguments(D.quantize(w, D.QuantScheme("int4", group_size=128, act_order=True), g_idx=g_idx))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 7, 300])
+def test_gptq_checkpoint_end_to_end_on_gpu(M):
+    from mmaemit.dequant.kernel_layout import kernel_arguments
+
+    K, N, group = 2048, 512, 128
+    (qweight, qzeros, scales), want = _gptq_checkpoint(K, N, group, seed=M)
+    tensors, kw = kernel_arguments(D.from_gptq(qweight, qzeros, scales, None, bits=4, group_size=group))
+    kernel = mmaemit.compile(make_dequant_gemm(M, N, K, **kw)[0])
+    A = torch.randn(M, K, device="cuda").half()
+    C = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+    kernel(A, *[t.cuda() for t in tensors], C)
+    ref = A.double().cpu() @ want.T
+    assert ((C.double().cpu() - ref).norm() / ref.norm()).item() < 2e-3

@@ -100,3 +100,44 @@ def from_kernel_scales(kernel_scales):
     nb, G, _, _ = t.shape
     out = t.reshape(nb, G, 4, 2, 2).permute(0, 3, 2, 4, 1).reshape(nb * 16, G).contiguous()
     return out.numpy() if was_np else out
+
+
+#: weight formats the W4A16 kernels decode (every 4-bit format of :mod:`.formats` with a kernel decode path)
+KERNEL_FORMATS = ("int4", "uint4", "float4_e2m1fn", "nf4")
+
+
+def kernel_arguments(qw):
+    """A :class:`~mmaemit.dequant.quantize.QuantizedWeight` (from ``quantize`` or an importer) -> the kernel's
+    weight arguments ``(W, S)`` or ``(W, S, Z)`` and the keyword arguments that build the matching kernel.
+
+    Returns ``(tensors, kwargs)``: ``tensors`` are ``to_kernel_layout(codes)``, ``to_kernel_scales(scales)`` and, with
+    zero points, ``to_kernel_scales(zeros)`` (values in the scales' dtype for "original"/"rescale", int16 codes for
+    "quantized"); ``kwargs`` = ``group_size``, ``weight_format``, ``zeros_mode`` for ``make_dequant_gemm``.
+    Act-order weights (``g_idx`` that is not the identity grouping) are refused: the kernels read groups in order.
+    """
+    import torch
+
+    from ..errors import UnsupportedConfigError, choices
+    from .scaling import unpack_zeros
+
+    scheme = qw.scheme
+    fmt = scheme.format
+    if fmt not in KERNEL_FORMATS:
+        raise UnsupportedConfigError(f"the W4A16 kernels take {choices(KERNEL_FORMATS)} weights, not {fmt!r}")
+    if scheme.group_size is None:
+        raise UnsupportedConfigError("the W4A16 kernels need scales (group_size -1 for per-channel, or a group size)")
+    N, K = qw.shape
+    G = K if scheme.group_size in (-1, K) else scheme.group_size
+    if qw.g_idx is not None:
+        g = torch.as_tensor(qw.g_idx).cpu()
+        if not torch.equal(g.to(torch.int64), torch.arange(K) // G):
+            raise UnsupportedConfigError("act-order (g_idx) weights must be reordered along K first "
+                                         "(mmaemit.dequant.act_order_permutation) before they go to the kernels")
+    scales = torch.as_tensor(qw.scales)
+    tensors = [to_kernel_layout(torch.as_tensor(qw.codes()).cpu()), to_kernel_scales(scales.cpu())]
+    mode = scheme.zeros_mode
+    if mode == "quantized":
+        tensors.append(to_kernel_scales(torch.as_tensor(unpack_zeros(qw.zeros, scheme.bits)).to(torch.int16).cpu()))
+    elif mode is not None:
+        tensors.append(to_kernel_scales(torch.as_tensor(qw.zeros).to(scales.dtype).cpu()))
+    return tensors, {"group_size": G, "weight_format": fmt, "zeros_mode": mode}
