@@ -8,7 +8,6 @@ timed in the same run as the peer.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 
 import torch

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from . import dtypes as _dt
-from .arch import Arch, as_arch
+from .arch import as_arch
 from .errors import ArchError, UnsupportedConfigError, choices
 
 __all__ = [

@@ -3,10 +3,8 @@ gives exactly what its own numpy evaluation gives: the interpreter's PTX semanti
 instruction the decode emits (lop3, prmt, bfe, set, shifts, half2 and f32 arithmetic in all roundings, cvt)."""
 import numpy as np
 import pytest
-import torch
 
 import mmaemit.dequant.decode as D
-from mmaemit.dequant.formats import get_format
 from mmaemit.interpret import interpret
 
 from test_dequant_decode_emit import OPERAND_SLOTS, _decode_kernel, _fast_programs, _reference_programs

@@ -9,7 +9,6 @@ Reference: PTX ISA (9.x), section 9.7.14.5 "Matrix Fragments for mma.m16n8k*":
 with groupID = %laneid >> 2, threadID_in_group = %laneid % 4. Element i of a fragment is listed "low to high":
 register i // per_reg, sub-element i % per_reg counted from the low bits.
 """
-import operator
 
 import numpy as np
 import pytest
@@ -17,6 +16,8 @@ import pytest
 from mmaemit import isa
 from mmaemit.errors import LayoutError, UnsupportedConfigError
 from mmaemit.layouts import FragmentLayout, mma_fragment
+
+from tir_eval import eval_prim
 
 
 # ---- the PTX text, one function per (shape, type family, operand): (lane, i) -> (row, col) -----------------------
@@ -207,24 +208,6 @@ def test_check_detects_a_broken_map():
 
 
 # ---- symbolic evaluation: the maps build valid TIR expressions --------------------------------------------------
-_OPS = {"Add": operator.add, "Sub": operator.sub, "Mul": operator.mul, "FloorDiv": operator.floordiv,
-        "FloorMod": operator.mod, "BitwiseXor": operator.xor, "BitwiseAnd": operator.and_,
-        "RShift": operator.rshift, "LShift": operator.lshift}
-
-
-def eval_prim(expr, env):
-    """Evaluate a TVM integer PrimExpr built from + - * // % ^ & >> << (any other node fails the test)."""
-    import tvm
-
-    if isinstance(expr, int):
-        return expr
-    if isinstance(expr, tvm.tirx.IntImm):
-        return int(expr.value)
-    kind = type(expr).__name__
-    if kind == "Var":
-        return env[expr.name]
-    assert kind in _OPS, f"unexpected node {kind} in {expr}"
-    return _OPS[kind](eval_prim(expr.a, env), eval_prim(expr.b, env))
 
 
 def test_forward_and_inverse_on_tir_vars():

@@ -8,7 +8,6 @@ threads loads an entire row" -- i.e. the matrix read row-major is cut into 32 co
 word l (lower-indexed element in the low half); ".trans indicates that the matrix is loaded in column-major format",
 i.e. the same distribution applied to the transpose. Register i holds matrix i.
 """
-import operator
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ import pytest
 from mmaemit import isa
 from mmaemit.errors import LayoutError, UnsupportedConfigError
 from mmaemit.layouts import mma_fragment, matrix_move_layout
+
+from tir_eval import eval_prim
 
 VARIANTS = [(num, trans) for num in (1, 2, 4) for trans in (False, True)]
 SMEM_BYTES = 4096
@@ -128,23 +129,6 @@ def test_invalid_variants_and_slots():
     assert lay.ptx("stmatrix") == isa.matrix_move("stmatrix", 2, True).ptx()
 
 
-_OPS = {"Add": operator.add, "Sub": operator.sub, "Mul": operator.mul, "FloorDiv": operator.floordiv,
-        "FloorMod": operator.mod, "BitwiseXor": operator.xor, "BitwiseAnd": operator.and_,
-        "RShift": operator.rshift, "LShift": operator.lshift}
-
-
-def _eval(expr, env):
-    import tvm
-
-    if isinstance(expr, int):
-        return expr
-    if isinstance(expr, tvm.tirx.IntImm):
-        return int(expr.value)
-    kind = type(expr).__name__
-    if kind == "Var":
-        return env[expr.name]
-    assert kind in _OPS, kind
-    return _OPS[kind](_eval(expr.a, env), _eval(expr.b, env))
 
 
 @pytest.mark.parametrize("num,trans", VARIANTS)
@@ -155,12 +139,12 @@ def test_symbolic_lane(num, trans):
     lay = matrix_move_layout(num, trans)
     m, r = lay.address_of_lane(lane)
     for v in range(32):
-        got = (_eval(m, {"lane": v}), _eval(r, {"lane": v}))
+        got = (eval_prim(m, {"lane": v}), eval_prim(r, {"lane": v}))
         assert got == (lay.address_of_lane(v) or lay.address_of_lane(v % (8 * num)))
         for reg in range(num):
             for half in range(2):
                 sym = lay.forward(lane, reg, half)
-                assert tuple(_eval(x, {"lane": v}) for x in sym) == lay.forward(v, reg, half)
+                assert tuple(eval_prim(x, {"lane": v}) for x in sym) == lay.forward(v, reg, half)
 
 
 # ---- composition with the mma fragments (what the emitter relies on) ---------------------------------------------

@@ -4,7 +4,6 @@ Two independent conflict counts: the library's (through ``mmaemit.layouts.banks`
 bank rule (32 banks x 4 B, a 16-B access per lane, 8 lanes per phase => a phase is conflict-free iff its 8 addresses
 fall in 8 different 16-B bank groups ``(addr // 16) % 8``).
 """
-import operator
 import shutil
 import subprocess
 
@@ -14,6 +13,8 @@ import pytest
 from mmaemit import dtypes
 from mmaemit.errors import LayoutError, TileShapeError, UnsupportedConfigError
 from mmaemit.layouts import SwizzleLayout, make_mma_swizzle_layout
+
+from tir_eval import eval_prim
 
 ROW_BYTES = list(range(16, 513, 16))            # every accepted row size up to 512 B
 HEIGHTS = list(range(8, 257, 8))
@@ -171,23 +172,6 @@ def test_tvm_buffer_input():
         make_mma_swizzle_layout(tvm.tirx.decl_buffer((n, 64), "float16"))
 
 
-_OPS = {"Add": operator.add, "Sub": operator.sub, "Mul": operator.mul, "FloorDiv": operator.floordiv,
-        "FloorMod": operator.mod, "BitwiseXor": operator.xor, "BitwiseAnd": operator.and_,
-        "RShift": operator.rshift, "LShift": operator.lshift}
-
-
-def _eval(expr, env):
-    import tvm
-
-    if isinstance(expr, int):
-        return expr
-    if isinstance(expr, tvm.tirx.IntImm):
-        return int(expr.value)
-    kind = type(expr).__name__
-    if kind == "Var":
-        return env[expr.name]
-    assert kind in _OPS, kind
-    return _OPS[kind](_eval(expr.a, env), _eval(expr.b, env))
 
 
 def test_symbolic_indices_match_integers():
@@ -202,7 +186,7 @@ def test_symbolic_indices_match_integers():
             sym = lay(s, r, c)
             for _ in range(50):
                 env = {"s": int(rng.integers(2)), "r": int(rng.integers(64)), "c": int(rng.integers(cols))}
-                assert tuple(_eval(x, env) for x in sym) == lay(env["s"], env["r"], env["c"])
+                assert tuple(eval_prim(x, env) for x in sym) == lay(env["s"], env["r"], env["c"])
 
 
 # ---- TIR kernels ---------------------------------------------------------------------------------------------------

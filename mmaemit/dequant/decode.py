@@ -652,7 +652,6 @@ class DecodeProgram:
 
         alias = _alias_equal_inputs(bind, self.registers)
         temps = [n for n in self.dtypes if n not in bind]
-        bufs = {}
         for dt in sorted({self.dtypes[n] for n in temps}):
             names = [n for n in temps if self.dtypes[n] == dt]
             buf = T.alloc_local((len(names),), _DT[dt])

@@ -118,8 +118,8 @@ def fast_decode(words, fmt, out_dtype="float16", mode="none", scale=None, zero=N
     if variant not in VARIANTS:
         raise UnsupportedConfigError(f"variant {variant!r} is unknown; valid: {choices(VARIANTS)}")
     if variant == "marlin" and (fmt.bits != 4 or dtype != "float16"):
-        raise UnsupportedConfigError(f"the marlin variant exists for 4-bit formats -> float16 only (the bf16 magic "
-                                     f"has no room for a nibble at bits 4..7); valid formats: uint4, int4, int4_ob")
+        raise UnsupportedConfigError("the marlin variant exists for 4-bit formats -> float16 only (the bf16 magic "
+                                     "has no room for a nibble at bits 4..7); valid formats: uint4, int4, int4_ob")
     words = np.asarray(words)
     if not np.issubdtype(words.dtype, np.integer):
         raise ArgumentError(f"words must be 32-bit integers, got {words.dtype}")

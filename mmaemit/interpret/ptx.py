@@ -547,7 +547,6 @@ def mma_sync(shape, atype, btype, ctype, dtype, a, b, c, *, satfinite: bool = Fa
     ``.satfinite``) to int32.
     """
     m, n, k = shape
-    abits, bbits = MMA_ELEMENT_BITS[atype], MMA_ELEMENT_BITS[btype]
     W = a.shape[0]
     key = (tuple(shape), atype, btype, dtype)
     ar, ac = mma_a_coords(*key)

@@ -94,7 +94,7 @@ def operand_load_plan(instr: MmaInstr, operand: str, k_contiguous: bool, n_tile:
             f"for 16-, 8- and 4-bit elements only; store it K-contiguous (a_transposed=False for A, "
             f"b_transposed=True for B). Valid majors for {bits}-bit operands: ['K-contiguous']")
     if operand == "A":
-        num, rows_k = instr.a_regs, instr.k
+        num = instr.a_regs
         shape = (instr.m, instr.k) if k_contiguous else (instr.k, instr.m)
         return OperandLoadPlan("A", num, not k_contiguous, k_contiguous, bits, *shape, regs_per_n8=0)
     per = instr.b_regs
