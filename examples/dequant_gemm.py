@@ -323,8 +323,10 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
     W_PIECES = NBC * 32                    # 16-byte pieces of the packed weights of one chunk
     S_PIECES = NBC * 2                     # 16-byte pieces of the chunk's scales ([nb, 4, 4] halfs)
     for name, pieces in (("A", A_PIECES), ("W", W_PIECES)):
-        if pieces % THREADS:
-            raise TileShapeError(f"{name} tile of {pieces} 16-byte pieces does not split over {THREADS} threads")
+        if pieces % THREADS and THREADS % pieces:
+            raise TileShapeError(f"{name} tile of {pieces} 16-byte pieces neither splits over nor divides "
+                                 f"{THREADS} threads")
+    A_IT, W_IT = -(-A_PIECES // THREADS), -(-W_PIECES // THREADS)   # copy iterations (the last may be partial)
     swz = make_mma_swizzle_layout((ST, BM, CHUNK), dtype)
     program = _program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch)
     HAS_Z = z_kind is not None
@@ -359,18 +361,20 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         @T.inline
         def issue(kt):
             st = T.meta_var(kt % ST)
-            for t in T.unroll(A_PIECES // THREADS):
+            for t in T.unroll(A_IT):
                 q = T.meta_var(tid + t * THREADS)
                 r = T.meta_var(q // 8)
                 row = T.meta_var(bm * BM + r)
-                # rows >= M: zero-filled (source size 0) from a valid address
-                T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz(st, r, q % 8 * 8)),
-                                                   A.ptr_to([T.min(row, M - 1), kt * CHUNK + q % 8 * 8]), 16,
-                                                   T.Select(row < M, T.uint32(16), T.uint32(0)))
-            for t in T.unroll(W_PIECES // THREADS):
+                if q < A_PIECES:
+                    # rows >= M: zero-filled (source size 0) from a valid address
+                    T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz(st, r, q % 8 * 8)),
+                                                       A.ptr_to([T.min(row, M - 1), kt * CHUNK + q % 8 * 8]), 16,
+                                                       T.Select(row < M, T.uint32(16), T.uint32(0)))
+            for t in T.unroll(W_IT):
                 q = T.meta_var(tid + t * THREADS)
-                T.ptx["cp.async.cg.shared.global"](Ws.ptr_to([st, q // 32, q % 32, 0]),
-                                                   W.ptr_to([bn * NBC + q // 32, kt, q % 32, 0]), 16)
+                if q < W_PIECES:
+                    T.ptx["cp.async.cg.shared.global"](Ws.ptr_to([st, q // 32, q % 32, 0]),
+                                                       W.ptr_to([bn * NBC + q // 32, kt, q % 32, 0]), 16)
             if tid < S_PIECES:
                 T.ptx["cp.async.cg.shared.global"](Ss.ptr_to([st, tid // 2, tid % 2 * 8]),
                                                    S.ptr_to([bn * NBC + tid // 2, kt * CHUNK // G,

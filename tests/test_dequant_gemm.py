@@ -97,6 +97,8 @@ def test_gemv_matches_reference_on_gpu(M, group, config, dtype):
     (128, torch.float16, TiledConfig()),
     (50, torch.bfloat16, TiledConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=3)),
     (17, torch.float16, TiledConfig(block_m=32, block_n=64, warp_m=32, warp_n=32, stages=2)),
+    (64, torch.float16, TiledConfig(block_m=64, block_n=32, warp_m=32, warp_n=16, stages=4)),
+    (24, torch.bfloat16, TiledConfig(block_m=32, block_n=16, warp_m=16, warp_n=16, stages=4)),
 ])
 def test_tiled_path_on_the_interpreter(M, dtype, config):
     N, K = 128, 512
