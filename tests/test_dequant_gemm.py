@@ -296,3 +296,27 @@ def test_gptq_checkpoint_end_to_end_on_gpu(M):
     kernel(A, *[t.cuda() for t in tensors], C)
     ref = A.double().cpu() @ want.T
     assert ((C.double().cpu() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_kernel_scale_layout_follows_the_mma_fragment_maps():
+    """The kernel scale layout and the kernels' column selection restate fragment facts; check them against the one
+    source (mmaemit.layouts.mma_fragment): lane (g, c) reads accumulator columns from [nb, grp, c, 2h + e] and
+    B-fragment columns from [nb, grp, g // 2, 2h + g % 2]."""
+    from mmaemit import isa
+    from mmaemit.layouts import mma_fragment
+
+    ins = isa.select_mma("float16", "float16", "float32")
+    C, B = mma_fragment(ins, "C"), mma_fragment(ins, "B")
+    scales = torch.arange(16 * 3, dtype=torch.float32).reshape(16, 3)     # scale value = 3 * n + group
+    ks = to_kernel_scales(scales)
+    for lane in range(32):
+        g, c = lane // 4, lane % 4
+        for reg in range(4):                                          # accumulator regs of one n8 half
+            _, col = C.forward(lane, reg, 0)
+            for h in range(2):
+                n = 8 * h + col
+                assert ks[0, 1, c, 2 * h + col % 2] == scales[n, 1]
+        for reg in range(B.regs):
+            _, n_b = B.forward(lane, reg, 0)
+            for h in range(2):
+                assert ks[0, 2, g // 2, 2 * h + g % 2] == scales[8 * h + n_b, 2]
