@@ -452,8 +452,25 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
 
 def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arch=None, *, weight_format="int4",
                       zeros_mode=None):
-    """W4A16 for any M with one weight layout: the GEMV path for M <= 16, the tiled path above."""
+    """Dequant GEMM for any M with one weight layout: the GEMV path for M <= 16, the wgmma path
+    (:mod:`examples.dequant_gemm_wgmma`) for M > 128 on sm_90a, the mma.sync tiled path otherwise. A ``config`` of
+    one path's type (GemvConfig, TiledConfig, WgmmaConfig) selects that path. ``arch`` None: the visible GPU's arch
+    (sm_80 rules without one). Returns ``(func, emitter_or_config)``."""
+    from mmaemit.arch import as_arch, device_arch
+    from mmaemit.errors import ArchError
+
+    from .dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config, make_dequant_gemm_wgmma
+
     kw = dict(weight_format=weight_format, zeros_mode=zeros_mode)
-    if M <= 16:
+    if arch is None:
+        try:
+            arch = device_arch().name
+        except ArchError:
+            arch = None
+    hopper = arch is not None and as_arch(arch).satisfies("sm_90a")
+    if isinstance(config, WgmmaConfig) or (config is None and M > 128 and hopper):
+        return make_dequant_gemm_wgmma(M, N, K, group_size, dtype, config or default_wgmma_config(M), arch or "sm_90a",
+                                       **kw)
+    if isinstance(config, GemvConfig) or (config is None and M <= 16):
         return make_dequant_gemv(M, N, K, group_size, dtype, config or GemvConfig(), arch, **kw)
     return make_dequant_gemm_tiled(M, N, K, group_size, dtype, config or TiledConfig(), arch, **kw)
