@@ -20,6 +20,7 @@ import mmaemit
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import to_kernel_layout, to_kernel_scales
 from mmaemit.examples.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm
+from mmaemit.examples.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config
 from mmaemit.runtime.timing import copies_needed, time_rotating
 
 HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.3e12}   # measured device-to-device copy bandwidth
@@ -29,6 +30,18 @@ CONFIGS = [GemvConfig(2, 8, 4, 2), GemvConfig(2, 8, 4, 2, "marlin"), GemvConfig(
            GemvConfig(4, 8, 4, 2)]
 TILED = [TiledConfig(128, 128, 64, 64, 4), TiledConfig(64, 128, 32, 64, 4), TiledConfig(128, 256, 64, 64, 3),
          TiledConfig(256, 128, 64, 64, 3), TiledConfig(64, 64, 32, 32, 4), TiledConfig(128, 128, 64, 64, 3)]
+WGMMA = [WgmmaConfig(128, 4, 1, 4), WgmmaConfig(64, 2, 1, 4), WgmmaConfig(256, 2, 1, 4), WgmmaConfig(64, 4, 1, 4),
+         WgmmaConfig(128, 2, 1, 4)]
+
+
+def configs_for(M, hopper):
+    """The configurations timed for M, the dispatch's default first (GEMV M <= 16, wgmma M > 128 on sm_90a)."""
+    if M <= 16:
+        return CONFIGS
+    if M > 128 and hopper:
+        first = default_wgmma_config(M)
+        return [first] + [c for c in WGMMA if c != first]
+    return TILED
 
 
 def torch_int4_peer(A_bf16, N, K, group):
@@ -82,7 +95,7 @@ def main(argv=None) -> int:
             ref = A.double() @ W16.double().T
             floor = (N * K // 2 + S.numel() * 2 + A.numel() * 2 + M * N * 2) / bw * 1e6
             results = []
-            configs = CONFIGS if M <= 16 else TILED
+            configs = configs_for(M, torch.cuda.get_device_capability() == (9, 0))
             for cfg in (configs if args.sweep else configs[:1]):
                 try:
                     func, _ = make_dequant_gemm(M, N, K, args.group, config=cfg, weight_format=args.format)
