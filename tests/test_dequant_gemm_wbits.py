@@ -90,3 +90,121 @@ def test_kernel_arguments_take_the_bit_width_from_the_format():
     assert z.max() > 0 and torch.equal(D.kernel_layout.from_kernel_scales(Z).to(z.dtype), z)
     with pytest.raises(mmaemit.UnsupportedConfigError, match="'float8_e5m2'.*not 'mxfp4'"):
         kernel_arguments(D.quantize(w.float(), D.QuantScheme("mxfp4")))
+
+
+# ------------------------------------------------------------------------------------------------ the kernels
+def _problem(fmt, mode, M, N, K, group, dtype, device="cpu", seed=0):
+    """Random weights quantized to ``fmt`` (zeros ``mode`` for unsigned formats): the kernel arguments (A, W, S[, Z])
+    from kernel_arguments, the kernel keywords, and a float64 reference A @ dequantize(W)^T (weights rounded to A's
+    dtype where the kernel applies scale / zero at decode time, i.e. with zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    scheme = D.QuantScheme(fmt, group_size=group, zeros_mode=mode)
+    qw = D.quantize(w, scheme)
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(M, K, generator=g).to(dtype)
+    if mode is None:
+        W_ref = qw.dequantize("float32")
+    else:
+        zeros = qw.zeros if mode == "quantized" else qw.zeros.to(dtype)    # the kernel's zeros are in A's dtype
+        W_ref = D.dequantize_codes(qw.codes(), scheme, qw.scales, zeros, out_dtype=str(dtype)[6:])
+    ref = A.double() @ torch.as_tensor(W_ref).double().T
+    return [t.to(device) for t in (A, *tensors)], kw, ref
+
+
+def _rel(C, ref):
+    assert not torch.isnan(C).any()
+    return ((C.double().cpu() - ref).norm() / ref.norm()).item()
+
+
+_TOL = {torch.float16: 2e-3, torch.bfloat16: 8e-3}
+_CASES = [("int8", None, torch.float16), ("uint8", "quantized", torch.float16), ("float8_e4m3fn", None, torch.float16),
+          ("int2", None, torch.float16), ("uint2", "original", torch.float16), ("int1", None, torch.float16),
+          ("uint1", "rescale", torch.bfloat16), ("int8", None, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("fmt, mode, dtype", _CASES + [("int8_ob", None, torch.float16), ("int2", None, torch.bfloat16),
+                                                      ("uint1", "quantized", torch.float16)])
+def test_gemv_every_bit_width_on_the_interpreter(fmt, mode, dtype):
+    from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
+
+    M, N, K = 1 + len(fmt) % 7, 64, 512
+    args, kw, ref = _problem(fmt, mode, M, N, K, 128, dtype)
+    func, _ = make_dequant_gemv(M, N, K, dtype=str(dtype)[6:], config=GemvConfig(n_blocks=2, k_slices=2, stages=3),
+                                arch="sm_90a", **kw)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    report = mmaemit.interpret(func, *args, C, arch="sm_90a")
+    assert report.ok, report.summary()
+    assert _rel(C, ref) < _TOL[dtype]
+
+
+@pytest.mark.parametrize("fmt, mode, dtype", _CASES + [("float8_e5m2", None, torch.float16),
+                                                      ("int2_ob", None, torch.float16),
+                                                      ("uint1", "original", torch.float16)])
+def test_tiled_every_bit_width_on_the_interpreter(fmt, mode, dtype):
+    from mmaemit.examples.dequant_gemm import TiledConfig, make_dequant_gemm_tiled
+
+    M, N, K = 17 + 3 * len(fmt), 64, 512
+    args, kw, ref = _problem(fmt, mode, M, N, K, 128, dtype)
+    func, _ = make_dequant_gemm_tiled(M, N, K, dtype=str(dtype)[6:], arch="sm_90a", **kw,
+                                      config=TiledConfig(block_m=32, block_n=64, warp_m=32, warp_n=32, stages=3))
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    report = mmaemit.interpret(func, *args, C, arch="sm_90a")
+    assert report.ok and report.total_bank_conflicts == 0, report.summary()
+    assert _rel(C, ref) < _TOL[dtype]
+
+
+@pytest.mark.parametrize("fmt, copy, lds", [("int8", "LDGSTS.E.BYPASS.128", "LDS.128"),
+                                            ("int2", "LDGSTS.E.64", "LDS.64"), ("int1", "LDGSTS.E", "LDS")])
+def test_gemv_sass_copies_b_bytes_per_lane_and_chunk(fmt, copy, lds):
+    """8-bit: two 16-byte cp.async.cg per lane, block and chunk; 2 / 1-bit: one 8- / 4-byte cp.async.ca; no spills."""
+    from mmaemit.examples.dequant_gemm import make_dequant_gemv
+
+    kernel = mmaemit.compile(make_dequant_gemv(1, 8192, 8192, 128, arch="sm_90a", weight_format=fmt)[0],
+                             target="sm_90a")
+    hist = kernel.opcode_histogram("sm_90a")
+    copies = {k: v for k, v in hist.items() if k.startswith("LDGSTS")}
+    # 2 n16 blocks x (stages - 1) prologue chunks + 2 in the (2x unrolled) loop body = 10 copies of 16 / 8 / 4 bytes
+    assert copies == {copy: 20 if fmt == "int8" else 10}, copies
+    assert hist.get(lds, 0) >= (8 if fmt == "int8" else 4)
+    assert kernel.resource_usage("sm_90a").spill_bytes == 0
+
+
+def test_kernels_refuse_formats_and_shapes_they_cannot_take():
+    from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemm, make_dequant_gemv
+
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="'float8_e5m2', .*not 'mxfp4'"):
+        make_dequant_gemm(1, 256, 4096, weight_format="mxfp4")
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="'uint1', 'uint2', 'uint4', 'uint8' .*not 'int8'"):
+        make_dequant_gemm(64, 256, 4096, weight_format="int8", zeros_mode="quantized")
+    with pytest.raises(mmaemit.MmaemitError, match="marlin"):     # the int4 fp16 decode variant is not for 8-bit
+        make_dequant_gemv(1, 256, 4096, config=GemvConfig(decode_variant="marlin"), weight_format="int8")
+    # W in the 4-bit layout handed to an 8-bit kernel: a typed error naming the expected shape
+    func, _ = make_dequant_gemv(1, 64, 512, config=GemvConfig(n_blocks=2, k_slices=2, stages=3), arch="sm_90a",
+                                weight_format="int8")
+    A = torch.randn(1, 512).half()
+    W4 = to_kernel_layout(torch.randint(0, 16, (64, 512), dtype=torch.uint8), 4)
+    S = torch.randn(4, 4, 4, 4).half()
+    with pytest.raises(ArgumentError, match=r"dimension 3 is 4, the kernel expects 8"):
+        mmaemit.interpret(func, A, W4, S, torch.empty(1, 64).half(), arch="sm_90a")
+
+
+_GPU_CASES = [("int8", None), ("uint8", "quantized"), ("float8_e4m3fn", None), ("int2", None), ("uint2", "original"),
+              ("uint1", "rescale")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, mode, dtype", [(f, m, torch.float16) for f, m in _GPU_CASES]
+                         + [("int8", None, torch.bfloat16), ("int2", None, torch.bfloat16)])
+@pytest.mark.parametrize("M", [1, 16, 128])
+def test_every_bit_width_on_gpu(fmt, mode, dtype, M):
+    from mmaemit.arch import device_arch
+    from mmaemit.examples.dequant_gemm import make_dequant_gemm
+
+    N, K = 256, 1024
+    args, kw, ref = _problem(fmt, mode, M, N, K, 128, dtype, device="cuda", seed=M)
+    func, _ = make_dequant_gemm(M, N, K, dtype=str(dtype)[6:], arch=device_arch().name, **kw)
+    kernel = mmaemit.compile(func)
+    C = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+    kernel(*args, C)
+    assert _rel(C, ref) < _TOL[dtype], (fmt, mode, M)

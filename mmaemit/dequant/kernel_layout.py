@@ -142,9 +142,10 @@ def kernel_arguments(qw):
     """A :class:`~mmaemit.dequant.quantize.QuantizedWeight` (from ``quantize`` or an importer) -> the kernel's
     weight arguments ``(W, S)`` or ``(W, S, Z)`` and the keyword arguments that build the matching kernel.
 
-    Returns ``(tensors, kwargs)``: ``tensors`` are ``to_kernel_layout(codes, bits)`` (bits of the format), ``to_kernel_scales(scales)`` and, with
-    zero points, ``to_kernel_scales(zeros)`` (values in the scales' dtype for "original"/"rescale", int16 codes for
-    "quantized"); ``kwargs`` = ``group_size``, ``weight_format``, ``zeros_mode`` for ``make_dequant_gemm``.
+    Returns ``(tensors, kwargs)``: ``tensors`` are ``to_kernel_layout(codes, bits)`` (bits of the format),
+    ``to_kernel_scales(scales)`` and, with zero points, ``to_kernel_scales(zeros)`` (values in the scales' dtype for
+    "original"/"rescale", int16 codes for "quantized"); ``kwargs`` = ``group_size``, ``weight_format``,
+    ``zeros_mode`` for ``make_dequant_gemm``.
     Act-order weights (``g_idx`` that is not the identity grouping) are refused: the kernels read groups in order.
     """
     import torch
