@@ -10,8 +10,8 @@ from mmaemit import dequant as D
 from mmaemit import isa
 from mmaemit.dequant.decode import decode_program
 from mmaemit.dequant.formats import get_format
-from mmaemit.dequant.kernel_layout import (from_kernel_layout, k_permutation, kernel_arguments, to_kernel_layout,
-                                           words_per_chunk)
+from mmaemit.dequant.kernel_layout import (from_kernel_layout, from_kernel_scales, k_permutation, kernel_arguments,
+                                           to_kernel_layout, words_per_chunk)
 from mmaemit.errors import ArgumentError
 from mmaemit.layouts import mma_fragment
 
@@ -87,7 +87,7 @@ def test_kernel_arguments_take_the_bit_width_from_the_format():
     assert tuple(W.shape) == (4, 4, 32, 2) and Z.dtype == torch.int16 and tuple(Z.shape) == (4, 4, 4, 4)
     assert torch.equal(from_kernel_layout(W, 2), qw2.codes())
     z = D.unpack_zeros(qw2.zeros, 2)
-    assert z.max() > 0 and torch.equal(D.kernel_layout.from_kernel_scales(Z).to(z.dtype), z)
+    assert z.max() > 0 and torch.equal(from_kernel_scales(Z).to(z.dtype), z)
     with pytest.raises(mmaemit.UnsupportedConfigError, match="'float8_e5m2'.*not 'mxfp4'"):
         kernel_arguments(D.quantize(w.float(), D.QuantScheme("mxfp4")))
 
