@@ -1,12 +1,14 @@
-"""W4A16 (int4, group 128) dequant GEMV/GEMM beside cuBLAS fp16/bf16 and torch's int4 weight-only kernel.
+"""Dequant GEMV/GEMM (default int4, group 128; ``--format`` any kernel format: W8A16 / W4A16 / W2A16 / W1A16) beside
+cuBLAS fp16/bf16 and torch's int4 weight-only kernel.
 
     PYTHONPATH=. python3 benchmarks/bench_dequant.py [--shapes 8192x8192 28672x8192] [--ms 1 16] [--sweep]
+        [--format int8] [--zeros-mode quantized]
 
 Method: correctness of every mmaemit configuration against an fp64 reference on the same inputs first (poisoned
 output), then ``mmaemit.runtime.timing.time_rotating``: every call of a round reads its own copy of the weights (copies >= 4x L2,
 since the 8192x8192 int4 weights (34 MB) fit in the 50 MB L2), rounds replayed as CUDA graphs, median per call. The
-peers get the same treatment. The HBM floor counts every byte once (weights, scales, A, C) at the device's measured
-large-copy bandwidth (H100: 3.0 TB/s).
+peers get the same treatment. The HBM floor counts every byte once (weights, scales, zeros, A, C) at the device's
+measured large-copy bandwidth (H100: 3.0 TB/s).
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ import torch
 
 import mmaemit
 from mmaemit import dequant as D
-from mmaemit.dequant.kernel_layout import to_kernel_layout, to_kernel_scales
-from mmaemit.examples.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm
+from mmaemit.arch import device_arch
+from mmaemit.dequant.formats import get_format
+from mmaemit.dequant.kernel_layout import kernel_arguments
+from mmaemit.examples.dequant_gemm import WEIGHT_FORMATS, ZEROS_FORMATS, GemvConfig, TiledConfig, make_dequant_gemm
 from mmaemit.examples.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config
 from mmaemit.runtime.timing import copies_needed, time_rotating
 
@@ -71,44 +75,51 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "28672x8192"])
     p.add_argument("--ms", type=int, nargs="+", default=[1, 16, 64, 256, 4096])
     p.add_argument("--group", type=int, default=128)
-    p.add_argument("--format", default="int4", help="4-bit weight format: int4, float4_e2m1fn or nf4")
+    p.add_argument("--format", default="int4", choices=WEIGHT_FORMATS,
+                   help="weight format (1-, 2-, 4- or 8-bit codes)")
+    p.add_argument("--zeros-mode", choices=["original", "rescale", "quantized"], default=None,
+                   help=f"zero points ({', '.join(ZEROS_FORMATS)} only; default for them: quantized)")
     p.add_argument("--sweep", action="store_true", help="time every GemvConfig, not only the default")
     args = p.parse_args(argv)
+    zeros_mode = args.zeros_mode or ("quantized" if args.format in ZEROS_FORMATS else None)
+    bits = get_format(args.format).bits
+    arch = device_arch().name      # the decode's fast paths gated by arch (e.g. e4m3 -> f16 needs sm_89+)
     name = torch.cuda.get_device_name()
     bw = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), 3.0e12)
     print(f"GPU: {name}, {datetime.date.today()}, torch {torch.__version__}, floor at {bw / 1e12:.1f} TB/s, "
-          f"weights {args.format} group {args.group}")
+          f"weights {args.format} ({bits}-bit) group {args.group}" + (f" zeros {zeros_mode}" if zeros_mode else ""))
     rows = ["| N x K | M | floor µs | mmaemit µs (config) | x floor | cuBLAS fp16 µs | cuBLAS bf16 µs | torch int4 µs | "
             "vs cuBLAS fp16 |", "|---|---|---|---|---|---|---|---|---|"]
     bad = 0
     for shape in args.shapes:
         N, K = map(int, shape.split("x"))
         w = torch.randn(N, K, device="cuda", dtype=torch.float16)
-        qw = D.quantize(w, D.QuantScheme(args.format, group_size=args.group))
-        Wk = to_kernel_layout(qw.codes()).cuda()
-        S = to_kernel_scales(qw.scales).cuda()
-        rot = [(Wk, S)] + [(Wk.clone(), S.clone()) for _ in range(copies_needed(Wk.numel() * 4) - 1)]
+        qw = D.quantize(w, D.QuantScheme(args.format, group_size=args.group, zeros_mode=zeros_mode))
+        tensors, kw = kernel_arguments(qw)
+        tensors = [t.cuda() for t in tensors]                   # W, S[, Z]
+        wbytes = sum(t.numel() * t.element_size() for t in tensors)
+        rot = [tensors] + [[t.clone() for t in tensors] for _ in range(copies_needed(wbytes) - 1)]
         W16 = qw.dequantize().to(torch.float16).cuda()
         del w
         for M in args.ms:
             A = torch.randn(M, K, device="cuda", dtype=torch.float16)
             ref = A.double() @ W16.double().T
-            floor = (N * K // 2 + S.numel() * 2 + A.numel() * 2 + M * N * 2) / bw * 1e6
+            floor = (wbytes + A.numel() * 2 + M * N * 2) / bw * 1e6
             results = []
             configs = configs_for(M, torch.cuda.get_device_capability() == (9, 0))
             for cfg in (configs if args.sweep else configs[:1]):
                 try:
-                    func, _ = make_dequant_gemm(M, N, K, args.group, config=cfg, weight_format=args.format)
+                    func, _ = make_dequant_gemm(M, N, K, config=cfg, arch=arch, **kw)
                 except mmaemit.MmaemitError as e:
                     print(f"  skip {cfg}: {e}")
                     continue
                 kernel = mmaemit.compile(func)
                 C = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
-                kernel(A, Wk, S, C)
+                kernel(A, *tensors, C)
                 rel = ((C.double() - ref).norm() / ref.norm()).item()
                 ok = rel < 2e-3
                 bad += not ok
-                t = time_rotating([lambda w=w, s=s: kernel(A, w, s, C) for w, s in rot])
+                t = time_rotating([lambda ts=ts: kernel(A, *ts, C) for ts in rot])
                 results.append((t, cfg, rel))
                 print(f"  {N}x{K} M={M} {cfg}: {t:.1f} µs ({t / floor:.2f}x floor) rel {rel:.1e} "
                       f"{'' if ok else 'WRONG'}", flush=True)

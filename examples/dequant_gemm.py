@@ -1,18 +1,25 @@
-"""W4A16 dequant GEMV / small-M GEMM composed from mmaemit's building blocks: C[M, N] = A[M, K] @ dequant(W)[N, K]^T.
+"""Dequant GEMV / GEMM, W8A16 / W4A16 / W2A16 / W1A16, from mmaemit's building blocks: C = A @ dequant(W)^T.
 
-Weights: 4-bit codes with a per-(n, group) scale, packed once by :func:`mmaemit.dequant.kernel_layout.to_kernel_layout`
-(mma B-fragment order, a K permutation inside each 64-wide chunk, 16 bytes per lane per chunk). Small-M path
-(M <= 16) per CTA: ``k_slices`` warps each own a K slice of the same ``16 * n_blocks`` output columns.
+Shapes: A [M, K], W [N, K] (packed), C [M, N].
 
-* weights: one 16-byte ``cp.async`` per lane per n16 block and 64-wide K chunk into a ``stages``-deep per-thread ring
-  in shared memory (each thread reads back only the bytes it copied, so the ring needs no barrier);
+Weights: b-bit codes (b in 1, 2, 4, 8; every per-element format of ``WEIGHT_FORMATS``) with a per-(n, group) scale,
+packed once by :func:`mmaemit.dequant.kernel_layout.to_kernel_layout` (mma B-fragment order, a K permutation inside
+each 64-wide chunk, WPC = b words = 4 b bytes per lane per n16 block and chunk). Small-M path (M <= 16) per CTA:
+``k_slices`` warps each own a K slice of the same ``16 * n_blocks`` output columns.
+
+* weights: per lane, n16 block and 64-wide K chunk, 4 b bytes by ``cp.async`` (16-byte ``cp.async.cg`` pieces for
+  b >= 4, one 8- / 4-byte ``cp.async.ca`` for b = 2 / 1) into a ``stages``-deep per-thread ring in shared memory
+  (each thread reads back only the bytes it copied, so the ring needs no barrier);
 * activations: the K permutation makes a lane's A-fragment registers of a chunk 16 consecutive halfs of one row, so
   two 16-byte loads per row fetch them (rows >= M are zero and never loaded);
-* decode: magic-number fast path (``lop3`` into 0x6400, exact ``sub.f16x2``) of the integer codes straight into the
-  mma B-fragment registers; ``mma.sync m16n8k16`` through ``TensorCoreIntrinEmitter.mma`` accumulates the group's
-  integer-weight products in fp32 (exact products), and at the end of every group the fp32 partials are scaled,
+* decode (``mmaemit.dequant.decode``; magic-number / LUT / cvt fast path where one exists, else the exact reference
+  converter) of the words straight into the mma B-fragment registers by the kernel layout's decode-slice rule (word w
+  of a chunk gives registers [w R, (w + 1) R), R = 16 / b, of the chunk's 4 k16 steps x 4 registers; 8-bit: two
+  words per step, 2 / 1-bit: one word decoded at its first step, the later steps' registers kept in a small local
+  buffer); ``mma.sync m16n8k16`` through ``TensorCoreIntrinEmitter.mma`` accumulates the group's code-value products
+  in fp32 (exact products), and at the end of every group the fp32 partials are scaled,
   ``acc += s[n, group] * partial`` (one FFMA per accumulator per group instead of one HMUL2 per weight pair, and
-  the scale is applied in fp32 instead of rounding every dequantized weight to fp16);
+  the scale is applied in fp32 instead of rounding every dequantized weight to fp16 / bf16);
 * epilogue: every warp writes its partial sums of rows < M to shared memory; after one barrier all threads sum the
   ``k_slices`` partials of the M x (16 n_blocks) outputs in parallel and store them coalesced.
 
@@ -24,18 +31,20 @@ from dataclasses import dataclass
 
 from mmaemit import TensorCoreIntrinEmitter
 from mmaemit.dequant.decode import decode_program
-from mmaemit.dequant.kernel_layout import CHUNK
+from mmaemit.dequant.formats import get_format
+from mmaemit.dequant.kernel_layout import CHUNK, KERNEL_FORMATS, words_per_chunk
 from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 
-WEIGHT_FORMATS = ("int4", "uint4", "float4_e2m1fn", "nf4")   # every 4-bit format: one kernel layout
+WEIGHT_FORMATS = KERNEL_FORMATS      # every per-element format with a per-(n, group) scale: one kernel layout
+ZEROS_FORMATS = tuple(f for f in WEIGHT_FORMATS if get_format(f).kind == "uint")   # zero points: unsigned codes
 ZEROS_MODES = (None, "original", "rescale", "quantized")
 
 
 def _program(weight_format, dtype, mode, arch, variant="shift"):
-    """The decode program: the magic-number fast path where one exists, else the exact reference converter (nf4;
-    e2m1 to bf16)."""
+    """The decode program: the fast path where one exists on ``arch`` (``decode.FAST_DECODE``), else the exact
+    reference converter (e.g. nf4, e2m1 / int8 / e4m3 to bf16, e4m3 below sm_89 or with ``arch=None``)."""
     from mmaemit.errors import MmaemitError
 
     try:
@@ -47,16 +56,57 @@ def _program(weight_format, dtype, mode, arch, variant="shift"):
 
 
 def _check_scheme(weight_format, zeros_mode):
-    """Validate the weight format / zeros mode; returns the Z buffer dtype (None without zeros)."""
+    """Validate the weight format / zeros mode; returns (bits, Z buffer dtype: None without zeros)."""
     if weight_format not in WEIGHT_FORMATS:
-        raise UnsupportedConfigError(f"weight_format must be one of {choices(WEIGHT_FORMATS)}, not {weight_format!r}")
+        raise UnsupportedConfigError(f"weight_format must be one of {choices(WEIGHT_FORMATS)}, not {weight_format!r} "
+                                     f"(mxfp4 / nvfp4 carry block scale codes and have no kernel here)")
     if zeros_mode not in ZEROS_MODES:
         raise UnsupportedConfigError(f"zeros_mode must be one of {choices(m for m in ZEROS_MODES if m)} or None, "
                                      f"not {zeros_mode!r}")
-    if zeros_mode is not None and weight_format != "uint4":
-        raise UnsupportedConfigError(f"zero points apply to unsigned codes: weight_format must be 'uint4' with "
-                                     f"zeros_mode={zeros_mode!r}")
-    return None if zeros_mode is None else ("int16" if zeros_mode == "quantized" else "act")
+    if zeros_mode is not None and weight_format not in ZEROS_FORMATS:
+        raise UnsupportedConfigError(f"zero points apply to unsigned codes: weight_format must be one of "
+                                     f"{choices(ZEROS_FORMATS)} with zeros_mode={zeros_mode!r}, not {weight_format!r}")
+    bits = get_format(weight_format).bits
+    return bits, (None if zeros_mode is None else ("int16" if zeros_mode == "quantized" else "act"))
+
+
+class _WordPlan:
+    """The decode-slice rule of :mod:`mmaemit.dequant.kernel_layout` for b-bit words: WPC = b words per lane, n16
+    block and chunk, R = 16 / b registers per word. B-fragment register r (0..3) of k16 step s is chunk register
+    4 s + r = output (4 s + r) % R of word (4 s + r) // R; its scale / zero pair is that of the n8 half r // 2."""
+
+    def __init__(self, bits):
+        self.wpc = words_per_chunk(bits)
+        self.regs = 16 // bits                       # R
+        self.vec = min(self.wpc, 4)                  # words per cp.async / shared load: 16, 8 or 4 bytes
+        self.pieces = self.wpc // self.vec           # cp.asyncs / shared loads per lane, block and chunk
+        self.words_per_step = max(1, 4 // self.regs)     # 8-bit: 2
+        self.steps_per_word = max(1, self.regs // 4)     # 2-bit: 2, 1-bit: 4
+        self.stash = max(0, self.regs - 4)       # outputs kept for the word's later steps
+
+    def decode_step(self, program, s, word, b_reg, stash, pair):
+        """Emit the decode of the words k16 step ``s`` (a TIR loop variable) starts, for one n16 block:
+        ``word(w)`` the block's word register w, ``b_reg(r)`` B-fragment lvalue r, ``stash(i)`` stash lvalue i
+        (outputs 4.. of a word with R > 4, used by the word's later steps), ``pair(h)`` the (scale, zero) operand
+        pairs of n8 half h, each None when the program takes none. With R > 4 call it only when
+        ``s % steps_per_word == 0``."""
+        for u in range(self.words_per_step):
+            if self.words_per_step > 1:
+                w = s * self.words_per_step + u
+            elif self.steps_per_word > 1:
+                w = s // self.steps_per_word
+            else:
+                w = s
+            regs = [u * self.regs + i for i in range(self.regs)]        # chunk registers relative to step s
+            out = [b_reg(c) if c < 4 else stash(c - 4) for c in regs]
+            pairs = [pair(c % 4 // 2) for c in regs]
+            sp = None if pairs[0][0] is None else [p[0] for p in pairs]
+            zp = None if pairs[0][1] is None else [p[1] for p in pairs]
+            program.emit(word(w), out, scale_pair=sp, zero_pair=zp)
+
+    def from_stash(self, s, c):
+        """Stash index of B-fragment register ``c`` at a step ``s`` that does not start a word (R > 4)."""
+        return 4 * (s % self.steps_per_word) - 4 + c
 
 
 def _pair_of_column(word0, word1, g, h):
@@ -84,18 +134,22 @@ class GemvConfig:
 
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
                       weight_format="int4", zeros_mode=None):
-    """Build ``gemv(A, W, S, C)`` (``gemv(A, W, S, Z, C)`` with zeros): A [M, K], W int32 [N/16, K/64, 32, 4]
-    (``to_kernel_layout``), S [N/16, K/group, 4, 4] (``to_kernel_scales``, A's dtype), C [M, N].
+    """Build ``gemv(A, W, S, C)`` (``gemv(A, W, S, Z, C)`` with zeros): A [M, K], W int32 [N/16, K/64, 32, b]
+    (``to_kernel_layout(codes, b)``, b = the format's bits), S [N/16, K/group, 4, 4] (``to_kernel_scales``, A's
+    dtype), C [M, N]. sm_80+ (``arch``: the decode program's target; None = sm_80 programs).
 
-    ``weight_format``: "int4" (two's complement, W = s * q), "uint4" (q in 0..15), "float4_e2m1fn" (OCP fp4) or
-    "nf4" (the NormalFloat table), all W = s * value(q). ``zeros_mode`` (uint4 only):
-    "original" W = (q - z) s, "rescale" W = q s - z (z in A's dtype, same layout as S), "quantized" W = (q - z) s with
-    integer zero codes z (int16, same layout). Without zeros the scale is applied to the fp32 partial sums after the
-    mma; with zeros the decode applies scale and zero to the weights (``decode_program`` modes).
+    ``weight_format``: one of ``WEIGHT_FORMATS`` (:mod:`mmaemit.dequant.formats`): uint1/2/4/8, int1, int2/4/8
+    (two's complement), int2_ob/4_ob/8_ob (offset binary), nf4, float4_e2m1fn, float8_e4m3fn, float8_e5m2; all
+    W = s * value(q). ``zeros_mode`` (uint1/2/4/8 only): "original" W = (q - z) s, "rescale" W = q s - z (z in A's
+    dtype, same layout as S), "quantized" W = (q - z) s with integer zero codes z (int16, same layout). Without zeros
+    the scale is applied to the fp32 partial sums after the mma; with zeros the decode applies scale and zero to the
+    weights (``decode_program`` modes).
     """
     from tvm.script import tirx as T
 
-    z_kind = _check_scheme(weight_format, zeros_mode)
+    bits, z_kind = _check_scheme(weight_format, zeros_mode)
+    plan = _WordPlan(bits)
+    WPC, V, P, STASHED = plan.wpc, plan.vec, plan.pieces, plan.stash > 0
     dtype = canonical(dtype)
     if dtype not in ("float16", "bfloat16"):
         raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
@@ -123,13 +177,22 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     MINB = config.min_blocks_per_sm
     OUT_ITERS = (M * BN + THREADS - 1) // THREADS
 
-    # 8 nibbles e0 e2 e4 e6 | e1 e3 e5 e7 -> 4 f16x2 B registers (lop3 into 0x6400, exact sub): mmaemit.dequant.decode
+    # one word of 32/b codes -> 16/b f16x2 / bf16x2 B registers (mmaemit.dequant.decode), split over k16 steps by plan
     POST_SCALE = zeros_mode is None
     program = _program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch, config.decode_variant)
     ZD = dtype if z_kind == "act" else z_kind
 
-    def decode_word(word, out, scales=None, zeros=None):
-        program.emit(word, out, scale_pair=scales, zero_pair=zeros)  # appends the ops; returns nothing to the parser
+    def decode_step(s, nb, wb, B_frag, stash, sreg, zreg, g):
+        # appends the ops of the words step s starts (n16 block nb); returns nothing to the parser
+        def pair(h):
+            if POST_SCALE:
+                return None, None
+            return _pair_of_column(sreg[nb, 0], sreg[nb, 1], g, h), _pair_of_column(zreg[nb, 0], zreg[nb, 1], g, h)
+        plan.decode_step(program, s, lambda w: wb[nb, w], lambda r: B_frag[nb, r], lambda i: stash[nb, i], pair)
+
+    def stash_buffer():
+        # the later steps' registers of 2 / 1-bit words; none for 8 / 4-bit (each step decodes its own words)
+        return T.alloc_local((NB, plan.stash), "uint32") if plan.stash else None
 
     def scale_to_f32(word, e):
         return T.Cast("float32", T.reinterpret(dtype, T.Cast("uint16", (word >> T.uint32(16 * e)) & T.uint32(0xFFFF))))
@@ -137,7 +200,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     @T.inline
     def body(A, W, S, Z, C, cta, warp, lane):
         pool = T.SMEMPool()
-        Ring = pool.alloc((ST, NB, KS * 32, 4), "uint32", align=128)   # [stage, block, thread, word]
+        Ring = pool.alloc((ST, NB, P, KS * 32, V), "uint32", align=128)   # [stage, block, piece, thread, word]
         pool.move_base_to(0)
         Part = pool.alloc((KS, M, BN), "float32", align=128)           # partial sums (after the ring is drained)
         pool.commit()
@@ -145,7 +208,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         P_frag = T.alloc_local((1, NB, em.local_size_c), "float32")    # this group's unscaled partial sums
         em.fill_accumulators(C_frag)
         em.fill_accumulators(P_frag)
-        wb = T.alloc_local((NB, 4), "uint32")
+        wb = T.alloc_local((NB, WPC), "uint32")
+        stash = T.meta_var(stash_buffer())
         ab = T.alloc_local((2, ROWS, 8), "uint32")
         sreg = T.alloc_local((NB, 2), "uint32")
         zreg = T.alloc_local((NB, 2), "uint32")
@@ -159,10 +223,15 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
 
         @T.inline
         def issue_weights(j):
-            # chunk j of this warp's K slice -> ring stage j % ST (16 bytes per lane and n16 block)
+            # chunk j of this warp's K slice -> ring stage j % ST (4 b bytes per lane and n16 block)
             for nb in T.unroll(NB):
-                T.ptx["cp.async.cg.shared.global"](Ring.ptr_to([j % ST, nb, tid, 0]),
-                                                   W.ptr_to([cta * NB + nb, warp * CH + j, lane, 0]), 16)
+                for p in T.unroll(P):
+                    if V == 4:
+                        T.ptx["cp.async.cg.shared.global"](Ring.ptr_to([j % ST, nb, p, tid, 0]),
+                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane, 4 * p]), 16)
+                    else:
+                        T.ptx["cp.async.ca.shared.global"](Ring.ptr_to([j % ST, nb, p, tid, 0]),
+                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane, 0]), 4 * V)
 
         @T.inline
         def load_a(buf, j):
@@ -180,8 +249,14 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             kc = T.meta_var(warp * CH + j)
             T.ptx["cp.async.wait_group"](ST - 2)   # chunk j has landed (this thread's own bytes: no barrier)
             for nb in T.unroll(NB):
-                T.ptx["ld.shared.v4.b32"](wb[nb, 0], wb[nb, 1], wb[nb, 2], wb[nb, 3],
-                                          Ring.ptr_to([j % ST, nb, tid, 0]))
+                for p in T.unroll(P):
+                    if V == 4:
+                        T.ptx["ld.shared.v4.b32"](wb[nb, 4 * p], wb[nb, 4 * p + 1], wb[nb, 4 * p + 2],
+                                                  wb[nb, 4 * p + 3], Ring.ptr_to([j % ST, nb, p, tid, 0]))
+                    elif V == 2:
+                        T.ptx["ld.shared.v2.b32"](wb[nb, 0], wb[nb, 1], Ring.ptr_to([j % ST, nb, 0, tid, 0]))
+                    else:
+                        T.ptx["ld.shared.b32"](wb[nb, 0], Ring.ptr_to([j % ST, nb, 0, tid, 0]))
             if j + ST - 1 < CH:
                 issue_weights(j + ST - 1)
             T.ptx["cp.async.commit_group"]()       # unconditional: keeps the group count uniform
@@ -201,12 +276,14 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                     A_frag[0, r] = ab[buf, r, 2 * s]
                     A_frag[0, 2 + r] = ab[buf, r, 2 * s + 1]
                 for nb in T.unroll(NB):
-                    if POST_SCALE:
-                        decode_word(wb[nb, s], [B_frag[nb, i] for i in range(4)])
+                    if STASHED:                    # 2 / 1-bit: a word spans 2 / 4 steps
+                        if s % plan.steps_per_word == 0:
+                            decode_step(s, nb, wb, B_frag, stash, sreg, zreg, g)
+                        else:
+                            for r in T.unroll(4):
+                                B_frag[nb, r] = stash[nb, plan.from_stash(s, r)]
                     else:
-                        sp = T.meta_var([_pair_of_column(sreg[nb, 0], sreg[nb, 1], g, i // 2) for i in range(4)])
-                        zp = T.meta_var([_pair_of_column(zreg[nb, 0], zreg[nb, 1], g, i // 2) for i in range(4)])
-                        decode_word(wb[nb, s], [B_frag[nb, i] for i in range(4)], sp, zp)
+                        decode_step(s, nb, wb, B_frag, stash, sreg, zreg, g)
                 if POST_SCALE:
                     em.mma(A_frag, B_frag, P_frag)
                 else:
@@ -248,7 +325,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
 
     if z_kind is None:
         @T.prim_func
-        def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, 4), "int32"),
+        def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
             T.device_entry()
             T.attr({"tirx.launch_bounds_min_blocks_per_sm": MINB})
@@ -258,7 +335,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             body(A, W, S, None, C, cta, warp, lane)
     else:
         @T.prim_func
-        def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, 4), "int32"),
+        def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
                  C: T.Buffer((M, N), dtype)):
             T.device_entry()
@@ -288,14 +365,18 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
     """The tiled path: same arguments and layouts as :func:`make_dequant_gemv`, any M >= 1 (rows >= M masked).
 
     Per CTA (``block_m x block_n``) and 64-wide K chunk, one ``stages``-deep cp.async ring carries the A tile
-    (swizzled, rows >= M zero-filled), the packed weight blocks and their scales. A warp reads its A-fragment
-    registers with 16-byte shared loads (the kernel layout's K permutation makes them contiguous), its weight words
-    with one 16-byte load per n16 block, decodes them with the group scale (``decode_program(..., mode="scale")``)
-    straight into B fragments and issues ``mma.sync m16n8k16``. Zeros (``zeros_mode``, uint4) travel with the scales.
+    (swizzled, rows >= M zero-filled), the packed weight blocks (``block_n / 16 * 32 * b`` words, flat 16-byte
+    ``cp.async.cg`` pieces) and their scales. A warp reads its A-fragment registers with 16-byte shared loads (the
+    kernel layout's K permutation makes them contiguous), its b weight words per n16 block with conflict-free
+    ``ld.shared.v4`` (two for 8-bit) / ``.v2`` / ``.b32``, decodes them with the group scale
+    (``decode_program(..., mode="scale")``) straight into B fragments by the decode-slice rule and issues
+    ``mma.sync m16n8k16``. Zeros (``zeros_mode``, uint1/2/4/8) travel with the scales.
     """
     from tvm.script import tirx as T
 
-    z_kind = _check_scheme(weight_format, zeros_mode)
+    bits, z_kind = _check_scheme(weight_format, zeros_mode)
+    plan = _WordPlan(bits)
+    WPC, V, P, STASHED = plan.wpc, plan.vec, plan.pieces, plan.stash > 0
     from mmaemit import make_mma_swizzle_layout
     from mmaemit.layouts.raster import panel_swizzle
 
@@ -320,7 +401,8 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
     NBC = BN // 16                         # n16 blocks per CTA
     WR, WC = em.warp_rows, em.warp_cols    # m16 tiles / n16 blocks per warp
     A_PIECES = BM * 8                      # 16-byte pieces of one A chunk (64 halfs per row)
-    W_PIECES = NBC * 32                    # 16-byte pieces of the packed weights of one chunk
+    PPB = 8 * WPC                          # 16-byte pieces of one n16 block's words of a chunk
+    W_PIECES = NBC * PPB                   # 16-byte pieces of the packed weights of one chunk
     S_PIECES = NBC * 2                     # 16-byte pieces of the chunk's scales ([nb, 4, 4] halfs)
     for name, pieces in (("A", A_PIECES), ("W", W_PIECES)):
         if pieces % THREADS and THREADS % pieces:
@@ -332,8 +414,24 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
     HAS_Z = z_kind is not None
     ZD = dtype if z_kind in (None, "act") else z_kind
 
-    def decode(word, out, scales, zeros):
-        program.emit(word, out, scale_pair=scales, zero_pair=zeros)
+    def decode_step(s, j, wb, B_frag, stash, sp, zp):
+        # appends the ops of the words step s starts (warp n16 block j); returns nothing to the parser
+        plan.decode_step(program, s, lambda w: wb[j, w], lambda r: B_frag[j, r], lambda i: stash[j, i],
+                         lambda h: (sp[j, h], zp[j, h] if HAS_Z else None))
+
+    def stash_buffer():
+        # the later steps' registers of 2 / 1-bit words; none for 8 / 4-bit (each step decodes its own words)
+        return T.alloc_local((WC, plan.stash), "uint32") if STASHED else None
+
+    def w_piece(q):
+        """16-byte piece q of a chunk's W tile -> (n16 block, shared piece p, lane, first word): a lane's words are
+        16-byte pieces p (b >= 4; stored [p, lane] so a warp's loads are contiguous) or 4 / b lanes per piece."""
+        nb, ql = q // PPB, q % PPB
+        if P > 1:
+            return nb, ql % P, ql // P, 4 * (ql % P)
+        if WPC < 4:
+            return nb, 0, ql * (4 // WPC), 0
+        return nb, 0, ql, 0
 
     @T.inline
     def body(A, W, S, Z, C, pid, warp, lane):
@@ -342,14 +440,15 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         tid = T.meta_var(warp * 32 + lane)
         pool = T.SMEMPool()
         As = pool.alloc((ST, BM, CHUNK), dtype, align=1024)
-        Ws = pool.alloc((ST, NBC, 32, 4), "uint32", align=128)
+        Ws = pool.alloc((ST, NBC, P, 32, V), "uint32", align=128)   # [stage, block, piece, lane, word]
         Ss = pool.alloc((ST, NBC, 16), dtype, align=128)
         Zs = pool.alloc((ST, NBC, 16), ZD, align=128)
         pool.commit()
         A_frag, B_frag, C_frag = em.alloc_fragments()
         em.fill_accumulators(C_frag)
         ab = T.alloc_local((WR, 2, 4), "uint32")      # A words: m16 tile, row g / g + 8, 4 words (2 k16 steps)
-        wb = T.alloc_local((WC, 4), "uint32")
+        wb = T.alloc_local((WC, WPC), "uint32")
+        stash = T.meta_var(stash_buffer())
         sp = T.alloc_local((WC, 2), "uint32")         # {s, s} for the B-fragment columns g and 8 + g
         zp = T.alloc_local((WC, 2), "uint32")         # {z, z} likewise
         sv = T.alloc_local((2,), "uint32")
@@ -372,9 +471,10 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                                                        T.Select(row < M, T.uint32(16), T.uint32(0)))
             for t in T.unroll(W_IT):
                 q = T.meta_var(tid + t * THREADS)
+                pc = T.meta_var(w_piece(q))
                 if q < W_PIECES:
-                    T.ptx["cp.async.cg.shared.global"](Ws.ptr_to([st, q // 32, q % 32, 0]),
-                                                       W.ptr_to([bn * NBC + q // 32, kt, q % 32, 0]), 16)
+                    T.ptx["cp.async.cg.shared.global"](Ws.ptr_to([st, pc[0], pc[1], pc[2], 0]),
+                                                       W.ptr_to([bn * NBC + pc[0], kt, pc[2], pc[3]]), 16)
             if tid < S_PIECES:
                 T.ptx["cp.async.cg.shared.global"](Ss.ptr_to([st, tid // 2, tid % 2 * 8]),
                                                    S.ptr_to([bn * NBC + tid // 2, kt * CHUNK // G,
@@ -397,7 +497,14 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
             st = T.meta_var(kt % ST)
             for j in T.unroll(WC):
                 nb = T.meta_var(wn * WC + j)
-                T.ptx["ld.shared.v4.b32"](wb[j, 0], wb[j, 1], wb[j, 2], wb[j, 3], Ws.ptr_to([st, nb, lane, 0]))
+                for p in T.unroll(P):
+                    if V == 4:
+                        T.ptx["ld.shared.v4.b32"](wb[j, 4 * p], wb[j, 4 * p + 1], wb[j, 4 * p + 2], wb[j, 4 * p + 3],
+                                                  Ws.ptr_to([st, nb, p, lane, 0]))
+                    elif V == 2:
+                        T.ptx["ld.shared.v2.b32"](wb[j, 0], wb[j, 1], Ws.ptr_to([st, nb, 0, lane, 0]))
+                    else:
+                        T.ptx["ld.shared.b32"](wb[j, 0], Ws.ptr_to([st, nb, 0, lane, 0]))
                 # scales of this lane's B columns n = g and 8 + g: [h=0/1, c' = g // 2, e = g % 2] of [2, 4, 2]
                 T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([st, nb, g // 2 * 4]))
                 sp[j, 0] = _pair_of_column(sv[0], sv[1], g, 0)
@@ -415,9 +522,14 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                 for s2 in T.unroll(2):
                     s = T.meta_var(2 * half + s2)
                     for j in T.unroll(WC):
-                        decode(wb[j, s], [B_frag[j, q] for q in range(4)],
-                               [sp[j, 0], sp[j, 0], sp[j, 1], sp[j, 1]],
-                               [zp[j, 0], zp[j, 0], zp[j, 1], zp[j, 1]] if HAS_Z else None)
+                        if STASHED:                # 2 / 1-bit: a word spans 2 / 4 steps
+                            if s % plan.steps_per_word == 0:
+                                decode_step(s, j, wb, B_frag, stash, sp, zp)
+                            else:
+                                for q in T.unroll(4):
+                                    B_frag[j, q] = stash[j, plan.from_stash(s, q)]
+                        else:
+                            decode_step(s, j, wb, B_frag, stash, sp, zp)
                     for i in T.unroll(WR):
                         A_frag[i, 0] = ab[i, 0, 2 * s2]
                         A_frag[i, 1] = ab[i, 1, 2 * s2]
@@ -429,7 +541,7 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
 
     if not HAS_Z:
         @T.prim_func
-        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, 4), "int32"),
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
             T.device_entry()
             pid = T.cta_id([GM * GN])
@@ -438,7 +550,7 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
             body(A, W, S, None, C, pid, warp, lane)
     else:
         @T.prim_func
-        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, 4), "int32"),
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
                  C: T.Buffer((M, N), dtype)):
             T.device_entry()
@@ -452,10 +564,10 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
 
 def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arch=None, *, weight_format="int4",
                       zeros_mode=None):
-    """Dequant GEMM for any M with one weight layout: the GEMV path for M <= 16, the wgmma path
-    (:mod:`examples.dequant_gemm_wgmma`) for M > 128 on sm_90a, the mma.sync tiled path otherwise. A ``config`` of
-    one path's type (GemvConfig, TiledConfig, WgmmaConfig) selects that path. ``arch`` None: the visible GPU's arch
-    (sm_80 rules without one). Returns ``(func, emitter_or_config)``."""
+    """Dequant GEMM (W8A16 / W4A16 / W2A16 / W1A16) for any M with one weight layout: the GEMV path for M <= 16,
+    the wgmma path (:mod:`examples.dequant_gemm_wgmma`) for M > 128 on sm_90a, the mma.sync tiled path otherwise.
+    A ``config`` of one path's type (GemvConfig, TiledConfig, WgmmaConfig) selects that path. ``arch`` None: the
+    visible GPU's arch (sm_80 rules without one). Returns ``(func, emitter_or_config)``."""
     from mmaemit.arch import as_arch, device_arch
     from mmaemit.errors import ArchError
 

@@ -53,13 +53,13 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
 
     from mmaemit import isa, make_mma_swizzle_layout
     from mmaemit.arch import as_arch
-    from mmaemit.dequant.formats import get_format
+    from mmaemit.dequant.kernel_layout import words_per_chunk
     from mmaemit.examples.dequant_gemm import _check_scheme, _pair_of_column, _program
     from mmaemit.layouts.raster import panel_swizzle
 
     arch = as_arch(arch or "sm_90a")
     isa.require_feature("wgmma", arch)
-    z_kind = _check_scheme(weight_format, zeros_mode)
+    bits, z_kind = _check_scheme(weight_format, zeros_mode)
     dtype = canonical(dtype)
     if dtype not in ("float16", "bfloat16"):
         raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
@@ -85,7 +85,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
         raise TileShapeError(f"K={K} and group_size={group_size} must be multiples of {CHUNK}, the group dividing K")
     if M < 1:
         raise TileShapeError(f"M must be >= 1, not {M}")
-    WPC = get_format(weight_format).bits    # words per lane per n16 block and 64-wide chunk
+    WPC = words_per_chunk(bits)            # words per lane per n16 block and 64-wide chunk (kernel_layout)
     THREADS = 128 * WG
     NW = 4 * WG
     NBC = BW // 16                         # n16 blocks per CTA: warp w of warpgroup wg, m64 tile mi -> block below
@@ -101,7 +101,6 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     HAS_Z = z_kind is not None
     ZD = dtype if z_kind in (None, "act") else z_kind
     R = program.registers                  # B registers per word
-    WPS = 4 // R if R < 4 else 0           # words per k16 step (8-bit: 2)
     PIECES = BT * BW // 8                  # 16-byte pieces of the C tile
     CPAD = BW + 8                          # epilogue row pitch (halfs): conflict-free transposed writes
     ab = "f16" if dtype == "float16" else "bf16"

@@ -180,8 +180,8 @@ def test_marlin_variant_never_degrades_silently():
 def test_bad_weight_format_and_zero_mode_combinations():
     with pytest.raises(mmaemit.UnsupportedConfigError, match="uint4"):
         make_dequant_gemm(1, 256, 4096, weight_format="int4", zeros_mode="original")
-    with pytest.raises(mmaemit.UnsupportedConfigError, match="'float4_e2m1fn', 'int4', 'nf4', 'uint4'"):
-        make_dequant_gemm(1, 256, 4096, weight_format="int8")
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="'float4_e2m1fn', .*'uint8', not 'nvfp4'"):
+        make_dequant_gemm(1, 256, 4096, weight_format="nvfp4")
     with pytest.raises(mmaemit.UnsupportedConfigError, match="'original'"):
         make_dequant_gemm(64, 256, 4096, weight_format="uint4", zeros_mode="asymmetric")
 
@@ -275,8 +275,8 @@ def test_kernel_arguments_refuse_what_the_kernels_cannot_read():
     from mmaemit.dequant.kernel_layout import kernel_arguments
 
     w = torch.randn(64, 256).half()
-    with pytest.raises(mmaemit.UnsupportedConfigError, match="'float4_e2m1fn', 'int4', 'nf4', 'uint4'"):
-        kernel_arguments(D.quantize(w, D.QuantScheme("int8", group_size=128)))
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="'float4_e2m1fn', .*'uint8' weights, not 'nvfp4'"):
+        kernel_arguments(D.quantize(w, D.QuantScheme("nvfp4")))
     g_idx = torch.randperm(256) // 128
     with pytest.raises(mmaemit.UnsupportedConfigError, match="act-order"):
         kernel_arguments(D.quantize(w, D.QuantScheme("int4", group_size=128, act_order=True), g_idx=g_idx))

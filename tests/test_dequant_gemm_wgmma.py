@@ -90,6 +90,13 @@ def _problem(M, N, K, group, dtype, fmt="int4", mode=None, seed=0):
     (160, "nf4", None, 128, torch.bfloat16, WgmmaConfig(64, 2, 1, 4)),
     (5, "int4", None, 128, torch.float16, WgmmaConfig(8, 1, 1, 3)),
     (300, "int4", None, 128, torch.float16, WgmmaConfig(128, 2, 2, 4)),
+    (256, "int8", None, 128, torch.float16, WgmmaConfig(64, 2, 1, 4)),
+    (144, "int8", None, 128, torch.bfloat16, WgmmaConfig(64, 2, 1, 4)),
+    (144, "float8_e4m3fn", None, 128, torch.float16, WgmmaConfig(64, 2, 1, 4)),
+    (200, "uint8", "quantized", 128, torch.float16, WgmmaConfig(64, 2, 1, 4)),
+    (256, "int2", None, 128, torch.float16, WgmmaConfig(128, 4, 1, 4)),
+    (144, "uint2", "original", 64, torch.bfloat16, WgmmaConfig(64, 2, 1, 4)),
+    (144, "uint1", "rescale", 128, torch.float16, WgmmaConfig(64, 2, 1, 4)),
 ])
 def test_wgmma_path_matches_reference_on_gpu(M, fmt, mode, group, dtype, cfg):
     N, K = 512, 2048 + 64 if group == 64 else 2048
