@@ -47,7 +47,7 @@ def step_descriptor(swizzle, rows, s):
 def wgmma_gemm(N=64, KC=64, dtype="float16", *, form="rs", swizzle=3, fence="each", proxy_fence=True, wait="each",
                commit=True, smem_overwrite=False, desc_math=False, neg_b=False, zero_init=True, reuse_a=False,
                a_via_ptx=False, desc_extra=0, static_smem=False, trans_b=0, warpgroups=1, desc_warp_skew=False,
-               guard_warps=False):
+               guard_warps=False, b_cp_async=False):
     """C[64, N] (f32) = A[64, KC] @ X[N, KC]^T (x -1 with ``neg_b``), one warpgroup, KC // 16 wgmma k16 steps.
 
     ``form``: "rs" (A from registers) or "ss" (A from shared memory, K-major 128-byte swizzle). ``desc_math``: the
@@ -60,6 +60,7 @@ def wgmma_gemm(N=64, KC=64, dtype="float16", *, form="rs", swizzle=3, fence="eac
     ``trans_b``: the imm-trans-b operand. ``warpgroups``: CTA of 4 x ``warpgroups`` warps, warpgroup i computes rows
     64 i .. 64 i + 63 (A and C have 64 x ``warpgroups`` rows). ``desc_warp_skew``: warp w adds w to its B descriptor
     (a non-uniform operand). ``guard_warps``: only warps 0 and 1 run the k loop (a divergent warpgroup).
+    ``b_cp_async``: B is staged by 16-byte cp.async copies (commit, wait_group 0) instead of plain stores.
     """
     WG = warpgroups
     M = 64 * WG
@@ -98,9 +99,18 @@ def wgmma_gemm(N=64, KC=64, dtype="float16", *, form="rs", swizzle=3, fence="eac
             St = T.alloc_buffer((8,), "float16", scope="shared")
             if tid < 8:
                 St[tid] = X[0, 0]
-        for i in T.serial((N * KC) // (128 * WG)):
-            q = T.meta_var(i * 128 * WG + tid)
-            Bs[tile_offset(swizzle, N, KC, q // KC, q % KC)] = X[q // KC, q % KC]
+        if b_cp_async:
+            for i in T.serial((N * KC) // (8 * 128 * WG)):
+                q = T.meta_var(i * 128 * WG + tid)           # 16-byte chunk q: row q // (KC / 8), k 8 (q % (KC / 8))
+                T.ptx["cp.async.cg.shared.global"](
+                    Bs.ptr_to([tile_offset(swizzle, N, KC, q // (KC // 8), 8 * (q % (KC // 8)))]),
+                    X.ptr_to([q // (KC // 8), 8 * (q % (KC // 8))]), 16)
+            T.ptx["cp.async.commit_group"]()
+            T.ptx["cp.async.wait_group"](0)
+        else:
+            for i in T.serial((N * KC) // (128 * WG)):
+                q = T.meta_var(i * 128 * WG + tid)
+                Bs[tile_offset(swizzle, N, KC, q // KC, q % KC)] = X[q // KC, q % KC]
         for i in T.serial((M * KC) // (128 * WG)):
             q = T.meta_var(i * 128 * WG + tid)
             As[tile_offset(3, M, KC, q // KC, q % KC)] = A[q // KC, q % KC]

@@ -202,6 +202,7 @@ def test_probe_kernel_rs_sw128_matches_float64(N, dtype):
     dict(neg_b=True, zero_init=False),                                      # imm-scale-b -1, scale-d false
     dict(warpgroups=2), dict(warpgroups=2, form="ss", wait="end"),
     dict(a_via_ptx=True, N=8),
+    dict(b_cp_async=True, N=128), dict(b_cp_async=True, swizzle=2, wait="end"),       # B staged by cp.async
 ], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_kernel_variants_match_float64(kw):
     kw = dict(kw)
@@ -247,6 +248,7 @@ def test_wait_group_1_retires_only_the_older_group():
     (dict(fence="none"), WgmmaFenceError, r"first wgmma.mma_async without a wgmma.fence"),
     (dict(fence="once"), WgmmaFenceError, r"A-fragment register af\[0\] was accessed"),
     (dict(proxy_fence=False), ProxyFenceError, r"no fence.proxy.async"),
+    (dict(proxy_fence=False, b_cp_async=True), ProxyFenceError, r"no fence.proxy.async"),
     (dict(desc_warp_skew=True), WgmmaOperandError, r"B descriptor differs between the threads"),
     (dict(guard_warps=True), DivergenceError, r"64 of the 128 threads of warpgroup 0"),
     (dict(desc_extra=1 << 13), OutOfBoundsError, r"outside the CTA's"),
@@ -272,6 +274,26 @@ def test_unsupported_forms_are_refused():
     with pytest.raises(ArchError):
         A = np.ones((64, 64), np.float16)
         interpret(K.wgmma_gemm(), A, A, np.zeros((64, 64), np.float32), arch="sm_90")
+
+
+def test_fence_proxy_async_is_gated_at_sm_90():
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def fenced(A: T.Buffer((32,), "float32")):
+        T.device_entry()
+        _cta = T.cta_id([1])
+        _warp = T.warp_id([1])
+        lane = T.lane_id([32])
+        A[lane] = A[lane] + T.float32(1)
+        T.ptx.fence.proxy.async_()
+
+    for arch in ("sm_90", "sm_90a", "sm_100a"):
+        a = np.arange(32, dtype=np.float32)
+        assert interpret(fenced, a, arch=arch).ok
+        np.testing.assert_array_equal(a, np.arange(32) + 1)
+    with pytest.raises(ArchError, match="sm_90"):
+        interpret(fenced, np.zeros(32, np.float32), arch="sm_89")
 
 
 def test_unimplemented_wgmma_type_names_what_is_implemented():
