@@ -69,7 +69,6 @@ def wgmma_gemm(N=64, KC=64, dtype="float16", *, form="rs", swizzle=3, fence="eac
     mma = T.ptx[f"wgmma.mma_async.sync.aligned.m64n{N}k16.f32.{t}.{t}"]
     sb = -1 if neg_b else 1
     a0 = 0 if reuse_a else 4          # A fragment of step s in af[a0 * s .. a0 * s + 3]
-    b_step0 = step_descriptor(swizzle, N, 0)
     if swizzle == 0:
         assert KC * 2 * 8 == 1024           # step_descriptor's SBO (64 x 16 B) assumes KC = 64
 

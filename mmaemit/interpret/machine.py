@@ -7,7 +7,13 @@ flow that differs between threads runs under a boolean activity mask (divergence
 report a divergence error for partially active warps; ``bar.sync``/``__syncthreads`` must be reached by every
 thread and starts a new barrier interval ("epoch") that the race detector uses (memory.py). Because every warp
 reaches a barrier before any proceeds past it, executing the warps in lockstep between barriers is one legal
-schedule; races are detected from the epoch bookkeeping, not from the schedule.
+schedule; races are detected from the epoch bookkeeping, not from the schedule. Hopper ``wgmma`` (warpgroup
+collective and asynchronous: issue, commit, retire at ``wait_group``) is modelled in ``wgmma_exec``; register buffers
+used as its operands get load/store hooks that report accesses before the wait and missing ``wgmma.fence``.
+
+Shared memory: static allocations at their ``align`` (``alignas`` in the generated CUDA), then the dynamic pool at
+the largest ``align=`` of its views (at least 128): shared-window addresses are byte offsets from the CTA's shared
+base, which is taken as 1024-byte aligned, so address-bit swizzles (wgmma descriptors) see the GPU's bits.
 
 Registers (``local`` buffers) are arrays (size, T); shared memory is one byte array per CTA; global buffers alias
 the caller's arrays, so outputs are written in place.

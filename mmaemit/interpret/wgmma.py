@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import LayoutError
 from . import ptx
 
 __all__ = ["MatrixDescriptor", "decode_matrix_descriptor", "encode_matrix_descriptor", "SWIZZLE_BYTES",
@@ -111,7 +112,8 @@ def kmajor_chunk_addresses(desc: MatrixDescriptor, rows: int, chunks: int = 2):
     if w == 0:
         return desc.start + 16 * (r % 8) + desc.sbo * (r // 8) + desc.lbo * j
     if 16 * chunks > w:
-        raise ValueError(f"{16 * chunks} bytes of K per row do not fit a {w}-byte swizzle row")
+        raise LayoutError(f"{16 * chunks} bytes of K per row do not fit a {w}-byte swizzle row; valid: "
+                          f"chunks <= {w // 16}")
     return swizzle_address(desc.start + w * (r % 8) + desc.sbo * (r // 8) + 16 * j, w)
 
 

@@ -192,13 +192,17 @@ class _Reg:
         if meta.npdt.itemsize != 4:
             raise kp._unsupported(f"wgmma register {meta.name} of dtype {meta.npdt} (32-bit registers expected)")
 
-    def rows(self, st, t):
-        """Register index per thread of ``t``."""
+    def rows(self, st, t, site):
+        """Register index per thread of ``t`` (an out-of-range index is reported and clamped)."""
         idx = self.const if self.const is not None else self.fi(st)
         rows = np.broadcast_to(np.asarray(idx, np.int64), (st.T,))[t]
         size = st.bufs[self.slot].shape[0]
-        if ((rows < 0) | (rows >= size)).any():
-            raise UnsupportedConfigError(f"wgmma register index outside {self.name}[{size}]")
+        bad = (rows < 0) | (rows >= size)
+        if bad.any():
+            k = int(np.argmax(bad))
+            st.rec.fault(st, "out_of_bounds", site, f"wgmma register operand index {int(rows[k])} outside "
+                         f"{self.name}[{size}]", thread=int(t[k]), buffer=self.name, index=int(rows[k]))
+            rows = np.clip(rows, 0, size - 1)
         return rows
 
     def read_bits(self, st, rows, t):
@@ -295,7 +299,7 @@ def _wgmma_mma(kp, ops, mod, site):
         scale_d = _T(st, np.asarray(fscale(st)).astype(bool))
         for g in wgs:
             t = _wg_threads(g)
-            regs = [(r, r.rows(st, t)) for r in d_regs + a_regs]
+            regs = [(r, r.rows(st, t, site)) for r in d_regs + a_regs]
             if not state.fenced[g]:
                 st.rec.fault(st, "wgmma_missing_fence", site, f"{what}: warpgroup {g} issues its first "
                              f"wgmma.mma_async without a wgmma.fence before it", thread=int(t[0]))
