@@ -4,7 +4,9 @@
 (``lowering``), compiles the resulting device PrimFunc into Python closures and runs every CTA with the threads
 vectorized in numpy (``machine``); PTX instructions follow ``ptx`` (bit-exact numpy semantics, reusable on their
 own). The returned ``InterpretReport`` lists diagnostics (out-of-bounds, uninitialized shared reads, shared-memory
-races, cp.async reads before the wait, ...), shared-memory bank conflicts per instruction and run statistics.
+races, cp.async reads before the wait, wgmma operands touched before their wait_group, missing wgmma.fence /
+fence.proxy.async, ...), shared-memory bank conflicts per instruction and run statistics. Hopper ``wgmma`` runs with
+its asynchronous commit/wait model (``wgmma_exec``; semantics in ``wgmma``).
 """
 import sys as _sys
 import types as _types
@@ -12,12 +14,14 @@ import types as _types
 from .api import DEFAULT_ARCH, enabled, interpret
 from .diagnostics import (AssertionFailedError, BankConflictStat, CpAsyncBeforeWaitError, Diagnostic,
                           DivergenceError, InterpretReport, KernelFault, MisalignedAccessError, OutOfBoundsError,
-                          SharedMemoryRaceError, UninitializedReadError)
+                          ProxyFenceError, SharedMemoryRaceError, UninitializedReadError, WgmmaBeforeWaitError,
+                          WgmmaFenceError, WgmmaOperandError)
 from .lowering import lower
 
 __all__ = ["interpret", "enabled", "lower", "InterpretReport", "Diagnostic", "BankConflictStat", "KernelFault",
            "OutOfBoundsError", "UninitializedReadError", "SharedMemoryRaceError", "CpAsyncBeforeWaitError",
-           "MisalignedAccessError", "DivergenceError", "AssertionFailedError", "DEFAULT_ARCH"]
+           "MisalignedAccessError", "DivergenceError", "AssertionFailedError", "WgmmaBeforeWaitError",
+           "WgmmaFenceError", "ProxyFenceError", "WgmmaOperandError", "DEFAULT_ARCH"]
 
 
 class _CallablePackage(_types.ModuleType):

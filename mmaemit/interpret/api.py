@@ -30,7 +30,8 @@ def interpret(kernel, *args, arch=None, on_error: str = "raise") -> InterpretRep
     (C-contiguous, matching the kernel's buffer shapes and dtypes) and Python scalars, in parameter order; outputs
     are written in place, like the GPU call. ``on_error``: "raise" (default) raises a ``KernelFault`` subclass at
     the first out-of-bounds access, uninitialized shared read, shared-memory race, cp.async read before its wait,
-    misaligned access or divergent collective; "report" records them in ``report.diagnostics`` and continues.
+    misaligned access, divergent collective, wgmma operand touched before its wait_group, or missing wgmma.fence /
+    fence.proxy.async; "report" records them in ``report.diagnostics`` and continues.
     Instructions the arch lacks raise ``ArchError`` before anything runs.
     """
     func = getattr(kernel, "prim_func", kernel)

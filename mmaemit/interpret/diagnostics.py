@@ -12,15 +12,17 @@ from ..errors import MmaemitError
 
 __all__ = ["Diagnostic", "BankConflictStat", "InterpretReport", "KernelFault", "OutOfBoundsError",
            "UninitializedReadError", "SharedMemoryRaceError", "CpAsyncBeforeWaitError", "DivergenceError",
-           "MisalignedAccessError", "AssertionFailedError", "ERROR_KINDS"]
+           "MisalignedAccessError", "AssertionFailedError", "WgmmaBeforeWaitError", "WgmmaFenceError",
+           "ProxyFenceError", "WgmmaOperandError", "ERROR_KINDS"]
 
 
 @dataclass
 class Diagnostic:
     """One problem found while executing the kernel.
 
-    ``kind``: "out_of_bounds", "uninitialized_read", "race", "cp_async_before_wait", "misaligned", "divergence"
-    or "assert_failed" (all errors).
+    ``kind``: "out_of_bounds", "uninitialized_read", "race", "cp_async_before_wait", "misaligned", "divergence",
+    "assert_failed", "wgmma_before_wait", "wgmma_missing_fence", "missing_proxy_fence", "wgmma_operand" (errors)
+    or "assumed_alignment" (a warning: the interpreter assumed an alignment the generated CUDA does not promise).
     ``buffer``/``index``: the buffer as named in the lowered kernel and the element index (``index`` is the flat
     element index; ``detail`` adds the multi-dimensional index of the source buffer when known).
     ``thread``/``warp``/``lane``/``cta``: the first offending thread (thread index within the CTA).
@@ -165,7 +167,35 @@ class DivergenceError(KernelFault):
     kind = "divergence"
 
 
+class WgmmaBeforeWaitError(KernelFault):
+    """An accumulator or A register of a ``wgmma.mma_async`` accessed, or shared memory it reads written, before
+    the ``wgmma.wait_group`` that retires it (or the CTA ends with it never retired)."""
+
+    kind = "wgmma_before_wait"
+
+
+class WgmmaFenceError(KernelFault):
+    """A ``wgmma.mma_async`` uses registers accessed by ordinary instructions since the last ``wgmma.fence`` (or is
+    the warpgroup's first without one)."""
+
+    kind = "wgmma_missing_fence"
+
+
+class ProxyFenceError(KernelFault):
+    """A ``wgmma.mma_async`` (async proxy) reads shared memory written through the generic proxy without a
+    ``fence.proxy.async`` in between."""
+
+    kind = "missing_proxy_fence"
+
+
+class WgmmaOperandError(KernelFault):
+    """A wgmma matrix descriptor or ``scale-d`` that differs between the threads of a warpgroup."""
+
+    kind = "wgmma_operand"
+
+
 #: kind -> exception class
 ERROR_KINDS = {c.kind: c for c in (OutOfBoundsError, UninitializedReadError, SharedMemoryRaceError,
                                    CpAsyncBeforeWaitError, MisalignedAccessError, DivergenceError,
-                                   AssertionFailedError)}
+                                   AssertionFailedError, WgmmaBeforeWaitError, WgmmaFenceError, ProxyFenceError,
+                                   WgmmaOperandError)}

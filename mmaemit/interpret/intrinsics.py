@@ -248,6 +248,9 @@ def compile_call(kp, e):
         return lambda st: fdata(st) + np.asarray(foff(st), np.int64) * dt.itemsize
     if op == "tirx.type_annotation":
         return lambda st: None
+    if op == "tirx.cuda.wgmma_encode_matrix_descriptor":
+        from .wgmma_exec import compile_encode_descriptor
+        return compile_encode_descriptor(kp, args)
     if op == "tirx.cuda.cvta_generic_to_shared":
         fp = kp._expr(args[0])
         site = kp.site

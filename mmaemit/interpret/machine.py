@@ -7,7 +7,13 @@ flow that differs between threads runs under a boolean activity mask (divergence
 report a divergence error for partially active warps; ``bar.sync``/``__syncthreads`` must be reached by every
 thread and starts a new barrier interval ("epoch") that the race detector uses (memory.py). Because every warp
 reaches a barrier before any proceeds past it, executing the warps in lockstep between barriers is one legal
-schedule; races are detected from the epoch bookkeeping, not from the schedule.
+schedule; races are detected from the epoch bookkeeping, not from the schedule. Hopper ``wgmma`` (warpgroup
+collective and asynchronous: issue, commit, retire at ``wait_group``) is modelled in ``wgmma_exec``; register buffers
+used as its operands get load/store hooks that report accesses before the wait and missing ``wgmma.fence``.
+
+Shared memory: static allocations at their ``align`` (``alignas`` in the generated CUDA), then the dynamic pool at
+the largest ``align=`` of its views (at least 128): shared-window addresses are byte offsets from the CTA's shared
+base, which is taken as 1024-byte aligned, so address-bit swizzles (wgmma descriptors) see the GPU's bits.
 
 Registers (``local`` buffers) are arrays (size, T); shared memory is one byte array per CTA; global buffers alias
 the caller's arrays, so outputs are written in place.
@@ -152,7 +158,7 @@ class CpAsyncQueue:
 
 class CTAState:
     __slots__ = ("env", "bufs", "mask", "T", "W", "tid", "warp_of", "lane_of", "epoch", "cta", "loops", "smem",
-                 "regions", "cp", "rec", "axes", "tid2d")
+                 "regions", "cp", "rec", "axes", "tid2d", "wg")
 
 
 class Recorder:
@@ -251,6 +257,9 @@ class KernelProgram:
         self.site = None
         self.source_names = source_names
         self.thread_tags = {}
+        self.dyn_align = 128          # alignment of the dynamic pool: the largest align= of its views (min 128)
+        from .wgmma_exec import operand_buffers
+        self.wgmma_bufs = operand_buffers(self.func)    # register buffers used as wgmma operands (hooked)
         self.param_slots = [self._slot(p) for p in self.func.params]
         self.body = self._stmt(self.func.body)
         self.nslots = len(self.slots)
@@ -391,11 +400,13 @@ class KernelProgram:
             if meta.scope == "shared.dyn":
                 meta.dyn = True
                 self.shared_allocs.append(meta)
+                self.dyn_align = max(self.dyn_align, int(s.buffer.data_alignment))
             else:
                 if meta.shape is None:
                     raise self._unsupported(f"static shared buffer {meta.name} with a symbolic shape")
                 nbytes = int(np.prod(meta.shape)) * meta.npdt.itemsize
-                off = (self.static_smem + 15) // 16 * 16
+                align = max(16, int(s.buffer.data_alignment))     # codegen: __shared__ alignas(align)
+                off = (self.static_smem + align - 1) // align * align
                 meta.alloc_offset = off
                 self.static_smem = off + nbytes
                 self.shared_allocs.append(meta)
@@ -420,6 +431,12 @@ class KernelProgram:
         site = self.site
         if meta.scope == "local":
             raise self._unsupported(f"a local buffer view ({meta.name})")
+        from tvm import ir
+
+        if (isinstance(data, ir.Call) and getattr(data.op, "name", "") == "tirx.buffer_data"
+                and data.args[0].scope() == "shared.dyn"):
+            # a view of the dynamic pool asking align=N (T.SMEMPool): the pool is placed N-aligned
+            self.dyn_align = max(self.dyn_align, int(s.buffer.data_alignment))
 
         def decl(st):
             ptr = fdata(st)
@@ -576,7 +593,8 @@ class KernelProgram:
         site = self.site
         slot = meta.slot
         if meta.scope == "local":
-            return _local_store(meta, fi, fv, site, self._const(s.indices[0]))
+            return _local_store(meta, fi, fv, site, self._const(s.indices[0]),
+                                s.buffer.__chandle__() in self.wgmma_bufs)
 
         def store(st):
             mem_write(st, st.bufs[slot], meta, fi(st), fv(st), site)
@@ -641,7 +659,7 @@ class KernelProgram:
         site = self.site
         slot = meta.slot
         if meta.scope == "local":
-            return _local_load(meta, fi, site, self._const(e.indices[0]))
+            return _local_load(meta, fi, site, self._const(e.indices[0]), e.source.__chandle__() in self.wgmma_bufs)
         return lambda st: mem_read(st, st.bufs[slot], meta, fi(st), site)
 
 
@@ -662,7 +680,22 @@ def _local_oob(st, meta, site, idx, size):
     return False
 
 
-def _local_load(meta, fi, site, const):
+def _guarded_register(fn, meta, fi, site, const, write):
+    """``fn`` preceded by the wgmma hazard hook (the register buffer is a wgmma operand)."""
+    from .wgmma_exec import register_access
+
+    slot, name = meta.slot, meta.name
+
+    def guarded(st):
+        if st.wg is not None:
+            register_access(st, slot, const if const is not None else fi(st), site, name, write)
+        return fn(st)
+    return guarded
+
+
+def _local_load(meta, fi, site, const, guard=False):
+    if guard:
+        return _guarded_register(_local_load(meta, fi, site, const), meta, fi, site, const, False)
     slot = meta.slot
     if const is not None:
         size = int(np.prod(meta.shape)) if meta.shape else 1
@@ -687,7 +720,9 @@ def _local_load(meta, fi, site, const):
     return load
 
 
-def _local_store(meta, fi, fv, site, const):
+def _local_store(meta, fi, fv, site, const, guard=False):
+    if guard:
+        return _guarded_register(_local_store(meta, fi, fv, site, const), meta, fi, site, const, True)
     slot = meta.slot
     if const is not None:
         size = int(np.prod(meta.shape)) if meta.shape else 1
@@ -807,6 +842,12 @@ def _shared_check(st, site, b, thr, write, name_hint=None, initialize=True):
     w = np.repeat(st.warp_of[thr], width).astype(np.int16)
     ep = st.epoch
     if write:
+        wgr = smem.wg_reading[bf] > 0
+        if wgr.any():
+            k = int(np.argmax(wgr))
+            _shared_fault(st, site, "wgmma_before_wait", bf[k], int(thr[k // width]),
+                          "write to shared memory that a wgmma.mma_async in flight reads (missing "
+                          "wgmma.wait_group before overwriting its operand)")
         race = smem.write_hazards(bf, w, ep)
         if race.any():
             k = int(np.argmax(race))
@@ -912,8 +953,17 @@ def cta_barrier(st, site, what):
 # running
 # ======================================================================================================================
 
+class _NoCTA:
+    """Stand-in state for launch-level diagnostics (no CTA, no loops)."""
+
+    loops = ()
+    cta = ()
+
+
 def run_launch(kp: KernelProgram, args, dims, rec, regions, source_shared_names):
     """Execute every CTA of one kernel launch. ``args``: values for the device params (pointers as ints)."""
+    from .wgmma_exec import WgmmaState, finish_cta
+
     bx, by, bz = dims.get("blockIdx.x", 1), dims.get("blockIdx.y", 1), dims.get("blockIdx.z", 1)
     tx, ty, tz = dims.get("threadIdx.x", 1), dims.get("threadIdx.y", 1), dims.get("threadIdx.z", 1)
     T = tx * ty * tz
@@ -921,7 +971,9 @@ def run_launch(kp: KernelProgram, args, dims, rec, regions, source_shared_names)
         raise UnsupportedConfigError(f"{kp.name}: {T} threads per CTA is not a whole number of warps")
     W = T // 32
     dyn = int(dims.get("tirx.use_dyn_shared_memory", 0))
-    smem_total = (kp.static_smem + 127) // 128 * 128 + dyn
+    # the dynamic pool follows the static allocations, aligned to the largest align= of its views (>= 128)
+    dyn_offset = (kp.static_smem + kp.dyn_align - 1) // kp.dyn_align * kp.dyn_align
+    smem_total = dyn_offset + dyn
     tid = np.arange(T, dtype=np.int32)
     axes = {"threadIdx.x": (tid % tx).astype(np.int32), "threadIdx.y": ((tid // tx) % ty).astype(np.int32),
             "threadIdx.z": (tid // (tx * ty)).astype(np.int32)}
@@ -930,13 +982,17 @@ def run_launch(kp: KernelProgram, args, dims, rec, regions, source_shared_names)
         if not meta.dyn:
             names.append((meta.alloc_offset, meta.alloc_offset + int(np.prod(meta.shape)) * meta.npdt.itemsize,
                           meta.name, tuple(meta.shape), meta.npdt))
-    dyn_offset = (kp.static_smem + 127) // 128 * 128
     for start, end, name, shape, dt, alloc_name in source_shared_names:
         base = dyn_offset if alloc_name == "<dyn>" else next(
             (m.alloc_offset for m in kp.shared_allocs if m.name == alloc_name and not m.dyn), None)
         if base is not None:
             names.append((base + start, base + end, name, shape, dt))
     rec.count("launches")
+    if kp.static_smem and kp.dyn_align > 128 and dyn:
+        rec.fault(_NoCTA, "assumed_alignment", None,
+                  f"{kp.name}: the interpreter places the dynamic shared pool {kp.dyn_align}-byte aligned (after "
+                  f"{kp.static_smem} bytes of static shared memory) as its views ask, but the generated CUDA declares "
+                  f"the pool with a smaller alignment: on the GPU it may start unaligned")
     with np.errstate(all="ignore"):
         for z in range(bz):
             for y in range(by):
@@ -958,10 +1014,12 @@ def run_launch(kp: KernelProgram, args, dims, rec, regions, source_shared_names)
                     st.regions = dict(regions)
                     st.regions[SHARED_RID] = st.smem
                     st.cp = CpAsyncQueue(T)
+                    st.wg = WgmmaState(T) if kp.wgmma_bufs else None
                     st.rec = rec
                     for slot, a in zip(kp.param_slots, args):
                         st.env[slot] = a
                     kp.body(st)
+                    finish_cta(st)
                     rec.count("ctas")
     return T
 

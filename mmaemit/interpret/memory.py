@@ -9,7 +9,10 @@ Shared memory shadow state, per byte, used for the diagnostics:
 * ``w_epoch``/``w_warp``: barrier interval and warp of the last write (a cp.async counts as a write when issued and
   again when its data lands at the issuing thread's wait);
 * ``r_epoch``/``r_mask``: barrier interval of the last reads and the set of warps that read in it;
-* ``pending``: cp.async copies issued into the byte whose data has not landed yet.
+* ``pending``: cp.async copies issued into the byte whose data has not landed yet;
+* ``wg_reading``: pending ``wgmma.mma_async`` operations that read the byte (writing it is a hazard);
+* ``unfenced``: written through the generic proxy since the writing warp's last ``fence.proxy.async`` (wgmma reads
+  through the async proxy).
 
 Two accesses race when they touch the same byte from different warps in the same barrier interval (no
 ``bar.sync``/``__syncthreads`` between them) and at least one is a write. Within a warp, accesses are ordered by
@@ -63,6 +66,8 @@ class SharedMemory(Region):
         self.r_epoch = np.full(n, -1, np.int32)
         self.r_mask = np.zeros(n, np.uint32)
         self.pending = np.zeros(n, np.int16)
+        self.wg_reading = np.zeros(n, np.int16)
+        self.unfenced = np.zeros(n, bool)
         self._scratch = np.zeros(n, np.int16)
         self.dyn_offset = 0           # byte offset of the dynamic pool (after the static allocations)
         self.names = names            # [(start, end, name, shape, dtype)] for describing addresses
@@ -115,6 +120,7 @@ class SharedMemory(Region):
     def note_writes(self, b, w, epoch, initialize=True):
         self.w_epoch[b] = epoch
         self.w_warp[b] = w
+        self.unfenced[b] = True
         if initialize:
             self.init[b] = True
 

@@ -103,8 +103,13 @@ def _writer(kp, node):
     const = kp._const(node.indices[0])
     fi = kp._expr(node.indices[0])
     slot = meta.slot
+    guard = node.source.__chandle__() in kp.wgmma_bufs
+    site = kp.site
 
     def write(st, vals, thr=None):
+        if guard and st.wg is not None:
+            from .wgmma_exec import register_access
+            register_access(st, slot, const if const is not None else fi(st), site, meta.name, True, thr)
         vals = np.asarray(vals)
         if vals.dtype != npdt:
             vals = vals.view(npdt) if vals.dtype.itemsize == npdt.itemsize else vals.astype(npdt)
@@ -505,6 +510,8 @@ def _bar(kp, ops, mod, site):
 def _noop(kp, ops, mod, site):
     if mod.get("proxykind") == "async":
         isa.require_feature("fence.proxy.async", kp.arch)
+        from .wgmma_exec import proxy_fence
+        return proxy_fence
     return lambda st: None
 
 
@@ -806,3 +813,5 @@ def _shfl(kp, ops, mod, site):
 
 
 __all__ = ["compile_ptx"]
+
+from . import wgmma_exec as _wgmma_exec  # noqa: E402,F401  (registers the wgmma families above)

@@ -1,0 +1,450 @@
+"""Execution of Hopper ``wgmma`` in the interpreter: the asynchronous model, its operands and its diagnostics.
+
+Model (PTX ISA 9.7.15, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"). A warpgroup is 4 consecutive
+warps (warp ``w`` belongs to warpgroup ``w // 4``); every ``wgmma.*`` instruction is executed by whole warpgroups.
+
+* ``wgmma.mma_async`` (issue): reads its A registers (RS form) or A matrix (SS form), its B matrix from shared memory
+  through the matrix descriptors, and records a pending operation. Its accumulator registers are neither read nor
+  written yet.
+* ``wgmma.commit_group`` closes a group over the warpgroup's uncommitted operations; ``wgmma.wait_group N``
+  retires every operation of the warpgroup's groups except the N most recent ones, in issue order: each reads its
+  accumulators (when ``scale-d`` is true), multiplies, and writes them. Uncommitted operations are never retired.
+
+Diagnostics (errors unless stated otherwise):
+
+* ``wgmma_before_wait``: an ordinary instruction reads or writes an accumulator or A register of a wgmma that has
+  not been retired by a ``wgmma.wait_group``; shared memory a pending wgmma reads is written; the CTA ends with
+  operations never retired.
+* ``wgmma_missing_fence``: a wgmma uses a register (accumulator or A fragment) that an ordinary instruction of the
+  thread accessed since the warpgroup's last ``wgmma.fence``, or a warpgroup issues its first wgmma without a fence.
+* ``missing_proxy_fence``: a wgmma (async proxy) reads shared memory written through the generic proxy (st.shared,
+  stmatrix, cp.async) with no ``fence.proxy.async`` by the writing warp in between.
+* ``wgmma_operand``: a descriptor or ``scale-d`` that differs between the threads of a warpgroup.
+
+Supported: ``.m64n{8..256}k16.f32.{f16,bf16}.{f16,bf16}`` in the RS and SS forms, operands from shared memory in the
+K-major canonical layouts (no swizzle, 32-, 64-, 128-byte swizzle) with base offset 0. MN-major operands
+(``imm-trans-a/b`` = 1) and the other wgmma types are refused with ``UnsupportedConfigError``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import isa
+from ..errors import UnsupportedConfigError
+from . import wgmma as W
+from .intrinsics import cvta_to_shared
+from .machine import _shared_check
+from .ptx_exec import _T, _active, _family, _writer
+
+WARPGROUP = 128
+#: kernels whose register buffers are wgmma operands get these hooks; see ``operand_buffers``
+_MMA_FAMILIES = ("wgmma_f16_rs", "wgmma_bf16_rs", "wgmma_f16_ss", "wgmma_bf16_ss")
+_ALL_MMA_FAMILIES = tuple(f"wgmma_{t}_{form}" for t in ("f16", "f16_f16acc", "bf16", "tf32", "fp8", "fp8_f16acc",
+                                                         "int", "b1") for form in ("rs", "ss"))
+
+
+class WgmmaState:
+    """Per-CTA wgmma bookkeeping: pending operations, committed-group counters, register shadows."""
+
+    def __init__(self, T):
+        nwg = max(T // WARPGROUP, 1)
+        self.committed = np.zeros(nwg, np.int64)
+        self.fenced = np.zeros(nwg, bool)        # warpgroup executed a wgmma.fence at least once
+        self.ops = []
+        self.busy = {}       # register slot -> int16 (size, T): pending wgmma operations using the register
+        self.touched = {}    # register slot -> bool (size, T): accessed by an ordinary instruction since the fence
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# compile time: which register buffers are wgmma operands
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _stmts(stmt):
+    from tvm import tirx
+
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        if s is None:
+            continue
+        yield s
+        if isinstance(s, tirx.SeqStmt):
+            stack.extend(s.seq)
+            continue
+        for attr in ("body", "then_case", "else_case", "block"):
+            child = getattr(s, attr, None)
+            if isinstance(child, tirx.Stmt):
+                stack.append(child)
+
+
+def operand_buffers(func) -> set:
+    """Handles of the register buffers passed as accumulator or A-fragment operands of a ``wgmma.mma_async`` in
+    the lowered device function (their loads and stores are checked against pending wgmma operations)."""
+    from tvm import ir, tirx
+    from tvm.backend.cuda.ptx.table import TABLE
+
+    from .ptx_exec import _decode
+
+    out = set()
+    for s in _stmts(func.body):
+        if not (isinstance(s, tirx.Evaluate) and isinstance(s.value, ir.Call)):
+            continue
+        name = getattr(s.value.op, "name", "") or ""
+        fam = name[len("tirx.ptx."):] if name.startswith("tirx.ptx.") else ""
+        if fam not in _ALL_MMA_FAMILIES:
+            continue
+        _mods, ops, _pred = _decode(s.value, TABLE[fam])
+        for operand in ("d", "a"):
+            for node in ops.get(operand, (None, []))[1]:
+                if isinstance(node, ir.TensorLoad):
+                    out.add(node.source.__chandle__())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# register hooks (called by machine.py / ptx_exec.py for operand buffers)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def register_access(st, slot, idx, site, name, write, thr=None):
+    """An ordinary instruction accesses register ``name[idx]`` (a wgmma operand buffer): report it if a pending
+    wgmma uses the register, and remember the access for the wgmma.fence check."""
+    wg = st.wg
+    if wg is None:
+        return
+    arr = st.bufs[slot]
+    if arr is None:
+        return
+    threads = thr if thr is not None else (st.tid if st.mask is None else np.nonzero(st.mask)[0])
+    if len(threads) == 0:
+        return
+    ii = np.asarray(idx, np.int64)
+    if ii.ndim == 0:
+        rows = np.broadcast_to(ii, (len(threads), 1))
+    elif ii.ndim == 1 and ii.shape[0] == st.T:
+        rows = ii[threads][:, None]
+    elif ii.ndim == 1:
+        rows = np.broadcast_to(ii, (len(threads), ii.shape[0]))
+    else:
+        rows = ii[threads]
+    rows = np.clip(rows, 0, arr.shape[0] - 1)       # out-of-bounds indices are reported by the access itself
+    cols = np.broadcast_to(np.asarray(threads)[:, None], rows.shape)
+    busy = wg.busy.get(slot)
+    if busy is not None and wg.ops:
+        hit = busy[rows, cols] > 0
+        if hit.any():
+            k = np.argwhere(hit)[0]
+            st.rec.fault(st, "wgmma_before_wait", site,
+                         f"{'write to' if write else 'read of'} register {name}[{int(rows[k[0], k[1]])}] while a "
+                         f"wgmma.mma_async that uses it is in flight (missing wgmma.commit_group / "
+                         f"wgmma.wait_group before this access)", thread=int(cols[k[0], k[1]]), buffer=name,
+                         index=int(rows[k[0], k[1]]))
+    touched = wg.touched.get(slot)
+    if touched is None or touched.shape != arr.shape:
+        touched = wg.touched[slot] = np.zeros(arr.shape, bool)
+    touched[rows, cols] = True
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _warpgroups(st, site, what):
+    """(warpgroup indices, thread indices) of the fully active warpgroups; partial ones are divergence errors."""
+    nwg = st.W // 4
+    act = np.ones(st.T, bool) if st.mask is None else st.mask
+    tail = act[nwg * WARPGROUP:]
+    if tail.any():
+        t = nwg * WARPGROUP + int(np.argmax(tail))
+        st.rec.fault(st, "divergence", site, f"{what} executed by warp {t // 32}, which is not part of a complete "
+                     f"warpgroup ({st.W} warps per CTA): wgmma needs 4 consecutive warps", thread=t)
+    m = act[: nwg * WARPGROUP].reshape(nwg, WARPGROUP)
+    full = m.all(axis=1)
+    part = m.any(axis=1) & ~full
+    if part.any():
+        g = int(np.argmax(part))
+        st.rec.fault(st, "divergence", site, f"{what} executed by {int(m[g].sum())} of the {WARPGROUP} threads of "
+                     f"warpgroup {g}: .sync.aligned wgmma instructions need every thread of the warpgroup",
+                     thread=g * WARPGROUP + int(np.argmin(m[g])))
+    return np.nonzero(full)[0]
+
+
+def _wg_threads(g):
+    return g * WARPGROUP + np.arange(WARPGROUP)
+
+
+class _Reg:
+    """A register operand (an element of a local buffer), read and written directly (no hazard hooks: the wgmma
+    itself accesses it)."""
+
+    def __init__(self, kp, node):
+        from tvm import ir
+
+        if not isinstance(node, ir.TensorLoad):
+            raise kp._unsupported(f"the wgmma register operand {node} (expected a register buffer element)")
+        meta = kp._buf(node.source)
+        if meta.scope != "local":
+            raise kp._unsupported(f"a wgmma register operand in {meta.scope} buffer {meta.name}")
+        self.slot = meta.slot
+        self.name = meta.name
+        self.const = kp._const(node.indices[0])
+        self.fi = None if self.const is not None else kp._expr(node.indices[0])
+        self.npdt = meta.npdt
+        if meta.npdt.itemsize != 4:
+            raise kp._unsupported(f"wgmma register {meta.name} of dtype {meta.npdt} (32-bit registers expected)")
+
+    def rows(self, st, t, site):
+        """Register index per thread of ``t`` (an out-of-range index is reported and clamped)."""
+        idx = self.const if self.const is not None else self.fi(st)
+        rows = np.broadcast_to(np.asarray(idx, np.int64), (st.T,))[t]
+        size = st.bufs[self.slot].shape[0]
+        bad = (rows < 0) | (rows >= size)
+        if bad.any():
+            k = int(np.argmax(bad))
+            st.rec.fault(st, "out_of_bounds", site, f"wgmma register operand index {int(rows[k])} outside "
+                         f"{self.name}[{size}]", thread=int(t[k]), buffer=self.name, index=int(rows[k]))
+            rows = np.clip(rows, 0, size - 1)
+        return rows
+
+    def read_bits(self, st, rows, t):
+        return st.bufs[self.slot][rows, t].view(np.uint32)
+
+    def write_bits(self, st, rows, t, bits):
+        st.bufs[self.slot][rows, t] = np.asarray(bits, np.uint32).view(self.npdt)
+
+
+def _uniform(st, site, vals, t, what):
+    """The warpgroup-uniform value of per-thread ``vals`` (T,) over threads ``t``; reports non-uniform values (and
+    goes on with the first thread's)."""
+    v = vals[t]
+    if not (v == v[0]).all():
+        k = int(np.argmax(v != v[0]))
+        show = (lambda x: bool(x)) if v.dtype == bool else (lambda x: f"{int(x):#018x}")
+        st.rec.fault(st, "wgmma_operand", site, f"{what} differs between the threads of warpgroup {t[0] // 128} "
+                     f"(thread {int(t[0])}: {show(v[0])}, thread {int(t[k])}: {show(v[k])}); it must be "
+                     f"warpgroup-uniform", thread=int(t[k]))
+    return v[0]
+
+
+def _read_matrix(st, site, desc_bits, t, rows, what, operand):
+    """(rows, 16) uint16 elements of a K-major k16 operand read through a matrix descriptor, with the memory checks.
+    Returns (elements, byte addresses (N,) read) for the pending-read bookkeeping."""
+    d = W.decode_matrix_descriptor(desc_bits)
+    if d.swizzle_bytes and d.base_offset:
+        raise UnsupportedConfigError(f"{what}: {operand} descriptor with base offset {d.base_offset}; the interpreter "
+                                     f"implements base offset 0 (swizzle patterns starting on their repeat boundary)")
+    addr = W.kmajor_chunk_addresses(d, rows).reshape(-1)          # (rows * 2,)
+    smem = st.smem
+    bad = (addr < 0) | (addr + 16 > smem.nbytes)
+    if bad.any():
+        k = int(np.argmax(bad))
+        st.rec.fault(st, "out_of_bounds", site, f"{what}: {operand} row {k // 2} reads shared bytes {int(addr[k])}.."
+                     f"{int(addr[k]) + 15}, outside the CTA's {smem.nbytes}-byte shared memory (descriptor "
+                     f"start {d.start}, LBO {d.lbo}, SBO {d.sbo}, {d.swizzle_bytes or 'no'}-byte swizzle)",
+                     thread=int(t[0]), buffer="shared", index=int(addr[k]))
+    ok = ~bad
+    b = addr[ok][:, None] + np.arange(16)
+    if len(b):
+        # the four warps of the warpgroup all read the operand: a write by any warp needs a barrier before it
+        reps = len(b)
+        warps_t = t[::32][:4]
+        _shared_check(st, site, np.tile(b, (len(warps_t), 1)), np.repeat(warps_t, reps), write=False)
+        unf = smem.unfenced[b]
+        if unf.any():
+            k = np.argwhere(unf)[0]
+            byte = int(b[k[0], k[1]])
+            name, elem, text = smem.describe(byte)
+            st.rec.fault(st, "missing_proxy_fence", site,
+                         f"{what} reads {operand} from shared memory written through the generic proxy (st.shared / "
+                         f"stmatrix / cp.async) by warp {int(smem.w_warp[byte])} with no fence.proxy.async by that "
+                         f"warp in between (wgmma reads shared memory through the async proxy)",
+                         thread=int(t[0]), buffer=name, index=elem, detail=text or f"shared byte {byte}")
+    data = np.zeros((len(addr), 16), np.uint8)
+    data[ok] = smem.data[b]
+    return data.reshape(rows, 32).view(np.uint16), b.reshape(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the instructions
+# ----------------------------------------------------------------------------------------------------------------------
+
+@_family(*_MMA_FAMILIES)
+def _wgmma_mma(kp, ops, mod, site):
+    isa.require_feature("wgmma", kp.arch)
+    shape, dtype, atype, btype = mod["shape"], mod["dtype"], mod["atype"], mod["btype"]
+    n = int(shape[len("m64n"):-len("k16")])
+    rs = ops.family.endswith("_rs")
+    what = f"wgmma.mma_async.sync.aligned.{shape}.{dtype}.{atype}.{btype} ({'RS' if rs else 'SS'})"
+    trans_b = ops.imm("trans_b")
+    trans_a = 0 if rs else ops.imm("trans_a")
+    if trans_a or trans_b:
+        raise UnsupportedConfigError(f"{what} with imm-trans-a={trans_a}, imm-trans-b={trans_b} (MN-major operands) at "
+                                     f"{site.text()}; the interpreter implements K-major operands: imm-trans = 0")
+    scale_a, scale_b = ops.imm("scale_a"), ops.imm("scale_b")
+    d_regs = [_Reg(kp, node) for node in ops.nodes("d")]
+    if len(d_regs) != n // 2:
+        raise kp._unsupported(f"{what} with {len(d_regs)} accumulator registers (expected {n // 2})")
+    a_regs = [_Reg(kp, node) for node in ops.nodes("a")] if rs else []
+    fa_desc = None if rs else ops.bits("a_desc")[0]
+    fb_desc = ops.bits("b_desc")[0]
+    fscale = ops.value("scale_d")
+    ar, ac = W.wgmma_a_coords(atype)
+
+    def run(st):
+        wgs = _warpgroups(st, site, what)
+        if len(wgs) == 0:
+            return
+        state = st.wg
+        bdesc = _T(st, np.asarray(fb_desc(st), np.uint64))
+        adesc = None if rs else _T(st, np.asarray(fa_desc(st), np.uint64))
+        scale_d = _T(st, np.asarray(fscale(st)).astype(bool))
+        for g in wgs:
+            t = _wg_threads(g)
+            regs = [(r, r.rows(st, t, site)) for r in d_regs + a_regs]
+            if not state.fenced[g]:
+                st.rec.fault(st, "wgmma_missing_fence", site, f"{what}: warpgroup {g} issues its first "
+                             f"wgmma.mma_async without a wgmma.fence before it", thread=int(t[0]))
+            for r, rows in regs:
+                touched = state.touched.get(r.slot)
+                if touched is not None and touched.shape == st.bufs[r.slot].shape:
+                    hit = touched[rows, t]
+                    if hit.any():
+                        k = int(np.argmax(hit))
+                        role = "accumulator" if r in d_regs else "A-fragment"
+                        st.rec.fault(st, "wgmma_missing_fence", site,
+                                     f"{what}: {role} register {r.name}[{int(rows[k])}] was accessed by an ordinary "
+                                     f"instruction since the last wgmma.fence (issue wgmma.fence.sync.aligned "
+                                     f"between the register access and the wgmma)", thread=int(t[k]),
+                                     buffer=r.name, index=int(rows[k]))
+            b_el, b_bytes = _read_matrix(st, site, _uniform(st, site, bdesc, t, "the B descriptor"), t, n, what, "B")
+            if rs:
+                bits = np.stack([r.read_bits(st, rows, t) for r, rows in regs[len(d_regs):]], -1)   # (128, 4)
+                lo_hi = np.stack([bits & 0xFFFF, bits >> 16], -1).reshape(WARPGROUP, -1).astype(np.uint16)
+                a_el = np.zeros((W.WGMMA_M, W.WGMMA_K), np.uint16)
+                a_el[ar, ac] = lo_hi
+                a_bytes = np.zeros(0, np.int64)
+            else:
+                a_el, a_bytes = _read_matrix(st, site, _uniform(st, site, adesc, t, "the A descriptor"), t,
+                                             W.WGMMA_M, what, "A")
+            sd = bool(_uniform(st, site, scale_d, t, "scale-d"))
+            smem_bytes = np.concatenate([b_bytes, a_bytes])
+            np.add.at(st.smem.wg_reading, smem_bytes, 1)
+            for r, rows in regs:
+                busy = state.busy.get(r.slot)
+                if busy is None or busy.shape != st.bufs[r.slot].shape:
+                    busy = state.busy[r.slot] = np.zeros(st.bufs[r.slot].shape, np.int16)
+                np.add.at(busy, (rows, t), 1)
+            state.ops.append({"wg": int(g), "group": int(state.committed[g]), "t": t, "regs": regs,
+                              "d_regs": regs[:len(d_regs)], "a": a_el, "b": b_el.T, "scale_d": sd,
+                              "smem": smem_bytes, "n": n, "atype": atype, "scale_a": scale_a, "scale_b": scale_b})
+        st.rec.count("wgmma", len(wgs))
+
+    return run
+
+
+def _retire(st, wgs, keep_newest):
+    """Complete, in issue order, the pending operations of warpgroups ``wgs`` older than their ``keep_newest``
+    most recent committed groups."""
+    state = st.wg
+    waiting = set(int(g) for g in wgs)
+    remaining = []
+    for op in state.ops:
+        g = op["wg"]
+        if g not in waiting or op["group"] >= state.committed[g] - keep_newest:
+            remaining.append(op)
+            continue
+        t = op["t"]
+        d_in = np.stack([r.read_bits(st, rows, t) for r, rows in op["d_regs"]], -1).view(np.float32)   # (128, n/2)
+        D = np.zeros((W.WGMMA_M, op["n"]), np.float32)
+        dr, dc = W.wgmma_d_coords(op["n"])
+        D[dr, dc] = d_in
+        out = W.wgmma_mma(op["n"], op["atype"], op["a"], op["b"], D, op["scale_d"], op["scale_a"], op["scale_b"])
+        vals = out[dr, dc].view(np.uint32)
+        for j, (r, rows) in enumerate(op["d_regs"]):
+            r.write_bits(st, rows, t, vals[:, j])
+        for r, rows in op["regs"]:
+            np.add.at(state.busy[r.slot], (rows, t), -1)
+        np.add.at(st.smem.wg_reading, op["smem"], -1)
+    state.ops = remaining
+
+
+@_family("wgmma_fence")
+def _wgmma_fence(kp, ops, mod, site):
+    isa.require_feature("wgmma", kp.arch)
+
+    def run(st):
+        wgs = _warpgroups(st, site, "wgmma.fence.sync.aligned")
+        state = st.wg
+        state.fenced[wgs] = True
+        t = np.concatenate([_wg_threads(g) for g in wgs]) if len(wgs) else np.zeros(0, np.int64)
+        for touched in state.touched.values():
+            touched[:, t] = False
+    return run
+
+
+@_family("wgmma_commit_group")
+def _wgmma_commit(kp, ops, mod, site):
+    isa.require_feature("wgmma", kp.arch)
+
+    def run(st):
+        st.wg.committed[_warpgroups(st, site, "wgmma.commit_group.sync.aligned")] += 1
+    return run
+
+
+@_family("wgmma_wait_group")
+def _wgmma_wait(kp, ops, mod, site):
+    isa.require_feature("wgmma", kp.arch)
+    n = ops.imm("group")
+
+    def run(st):
+        _retire(st, _warpgroups(st, site, f"wgmma.wait_group.sync.aligned {n}"), n)
+    return run
+
+
+def finish_cta(st):
+    """End of a CTA: operations never retired by a wgmma.wait_group leave their accumulators undefined."""
+    if st.wg is not None and st.wg.ops:
+        op = st.wg.ops[0]
+        st.rec.fault(st, "wgmma_before_wait", None,
+                     f"the CTA finished with {len(st.wg.ops)} wgmma.mma_async operation(s) never retired by a "
+                     f"wgmma.wait_group (first: warpgroup {op['wg']}, m64n{op['n']}k16); their accumulators are "
+                     f"undefined", thread=int(op["t"][0]))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# T.cuda.wgmma.encode_matrix_descriptor and fence.proxy.async
+# ----------------------------------------------------------------------------------------------------------------------
+
+def compile_encode_descriptor(kp, args):
+    """``tirx.cuda.wgmma_encode_matrix_descriptor(address_of(desc[i]), smem_ptr, ldo, sdo, swizzle)``: writes the
+    descriptor (``wgmma.encode_matrix_descriptor``) into the uint64 register ``desc[i]``."""
+    from tvm import ir
+
+    dst = args[0]
+    if not (isinstance(dst, ir.Call) and getattr(dst.op, "name", "") == "tirx.address_of"):
+        raise kp._unsupported(f"wgmma_encode_matrix_descriptor into {dst} (expected T.address_of(desc[i]))")
+    write = _writer(kp, dst.args[0])
+    fptr, fldo, fsdo, fswz = (kp._expr(a) for a in args[1:5])
+    site = kp.site
+
+    def run(st):
+        sa = cvta_to_shared(st, fptr(st), site)
+        v = W.encode_matrix_descriptor(np.asarray(sa).astype(np.int64), np.asarray(fldo(st)),
+                                       np.asarray(fsdo(st)), np.asarray(fswz(st)))
+        write(st, _T(st, np.asarray(v, np.uint64)))
+        return None
+    return run
+
+
+def proxy_fence(st):
+    """``fence.proxy.async``: generic-proxy shared writes of the executing warps become visible to the async proxy."""
+    smem = st.smem
+    if st.mask is None:
+        smem.unfenced[:] = False
+        return
+    warps = np.unique(st.warp_of[_active(st)])
+    if len(warps):
+        smem.unfenced[np.isin(smem.w_warp, warps.astype(smem.w_warp.dtype))] = False
+
+
+__all__ = ["WgmmaState", "operand_buffers", "register_access", "finish_cta", "compile_encode_descriptor",
+           "proxy_fence", "WARPGROUP"]
