@@ -110,3 +110,21 @@ def test_wgmma_path_matches_reference_on_gpu(M, fmt, mode, group, dtype, cfg):
     assert not torch.isnan(C).any()
     rel = ((C.double().cpu() - ref).norm() / ref.norm()).item()
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
+
+
+@pytest.mark.parametrize("M, cfg, dtype, fmt, mode", [
+    (40, WgmmaConfig(32, 1, 1, 3), torch.float16, "int4", None),
+    (20, WgmmaConfig(16, 2, 1, 3), torch.bfloat16, "uint4", "quantized"),
+    (24, WgmmaConfig(16, 1, 1, 3), torch.float16, "int8", None),
+    (17, WgmmaConfig(16, 1, 1, 4), torch.float16, "int2", None),
+])
+def test_wgmma_path_on_the_interpreter(M, cfg, dtype, fmt, mode):
+    """The exact sm_90a kernel on the CPU: wgmma commit/wait model, fence.proxy.async and race checks all pass."""
+    N, K = 64 * cfg.warpgroups, 256
+    args, kw, ref = _problem(M, N, K, 128, dtype, fmt, mode, seed=M)
+    func, _ = make_dequant_gemm_wgmma(M, N, K, dtype=str(dtype)[6:], config=cfg, **kw)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    report = mmaemit.interpret(func, *args, C, arch="sm_90a")
+    assert report.ok, report
+    rel = ((C.double() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
