@@ -23,7 +23,8 @@ from mmaemit import dequant as D
 from mmaemit.arch import device_arch
 from mmaemit.dequant.formats import get_format
 from mmaemit.dequant.kernel_layout import kernel_arguments
-from mmaemit.examples.dequant_gemm import WEIGHT_FORMATS, ZEROS_FORMATS, GemvConfig, TiledConfig, make_dequant_gemm
+from mmaemit.examples.dequant_gemm import (WEIGHT_FORMATS, ZEROS_FORMATS, GemvConfig, TiledConfig, default_tiled_config,
+                                           make_dequant_gemm)
 from mmaemit.examples.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config
 from mmaemit.runtime.timing import copies_needed, time_rotating
 
@@ -45,7 +46,8 @@ def configs_for(M, hopper):
     if M > 128 and hopper:
         first = default_wgmma_config(M)
         return [first] + [c for c in WGMMA if c != first]
-    return TILED
+    first = default_tiled_config(M, 8192)
+    return [first] + [c for c in TILED if c != first]
 
 
 def torch_int4_peer(A_bf16, N, K, group):

@@ -585,4 +585,12 @@ def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arc
                                        **kw)
     if isinstance(config, GemvConfig) or (config is None and M <= 16):
         return make_dequant_gemv(M, N, K, group_size, dtype, config or GemvConfig(), arch, **kw)
-    return make_dequant_gemm_tiled(M, N, K, group_size, dtype, config or TiledConfig(), arch, **kw)
+    return make_dequant_gemm_tiled(M, N, K, group_size, dtype, config or default_tiled_config(M, N), arch, **kw)
+
+
+def default_tiled_config(M: int, N: int) -> TiledConfig:
+    """The mma.sync tiled path's measured best by M (H100, 8192 x 8192, BENCHMARKS.md): 64 x 64 CTA tiles up to
+    M = 64 (more CTAs on the weight stream), 128 x 128 above."""
+    if M <= 64 and N % 64 == 0:
+        return TiledConfig(64, 64, 32, 32, 4)
+    return TiledConfig()

@@ -113,7 +113,8 @@ def test_tiled_path_on_the_interpreter(M, dtype, config):
 
 def test_dispatch_by_m_uses_one_layout():
     assert make_dequant_gemm(16, 256, 2048)[1].block_m == 16
-    assert make_dequant_gemm(17, 256, 2048)[1].block_m == 128
+    assert make_dequant_gemm(17, 256, 2048, arch="sm_80")[1].block_m == 64     # 64 x 64 tiles up to M = 64
+    assert make_dequant_gemm(65, 256, 2048, arch="sm_80")[1].block_m == 128
     with pytest.raises(TileShapeError, match="block_n"):
         make_dequant_gemm(64, 200, 2048)
 
