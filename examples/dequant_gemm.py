@@ -539,27 +539,37 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         T.ptx["cp.async.wait_group"](0)
         em.stmatrix(C_frag, C, warp=warp, lane=lane, block_row=bm, block_col=bn, row_limit=M, use_stmatrix=False)
 
-    if not HAS_Z:
+    gemm = grid_kernel(body, M, N, K, G, WPC, dtype, ZD if HAS_Z else None, GM * GN, NW)
+    return gemm, em
+
+
+def grid_kernel(body, M, N, K, G, WPC, dtype, z_dtype, ctas, warps):
+    """The PrimFunc ``gemm(A, W, S, C)`` (``gemm(A, W, S, Z, C)`` when ``z_dtype`` is set) of a dequant kernel on a
+    1-D grid of ``ctas`` CTAs x ``warps`` warps: buffers in the kernel layout (W int32 [N/16, K/64, 32, WPC],
+    S / Z [N/16, K/G, 4, 4]); ``body(A, W, S, Z or None, C, pid, warp, lane)`` is an ``@T.inline``."""
+    from tvm.script import tirx as T
+
+    KT = K // CHUNK
+    if z_dtype is None:
         @T.prim_func
         def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
             T.device_entry()
-            pid = T.cta_id([GM * GN])
-            warp = T.warp_id([NW])
+            pid = T.cta_id([ctas])
+            warp = T.warp_id([warps])
             lane = T.lane_id([32])
             body(A, W, S, None, C, pid, warp, lane)
     else:
         @T.prim_func
         def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
-                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), z_dtype),
                  C: T.Buffer((M, N), dtype)):
             T.device_entry()
-            pid = T.cta_id([GM * GN])
-            warp = T.warp_id([NW])
+            pid = T.cta_id([ctas])
+            warp = T.warp_id([warps])
             lane = T.lane_id([32])
             body(A, W, S, Z, C, pid, warp, lane)
-
-    return gemm, em
+    return gemm
 
 
 def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arch=None, *, weight_format="int4",

@@ -54,7 +54,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     from mmaemit import isa, make_mma_swizzle_layout
     from mmaemit.arch import as_arch
     from mmaemit.dequant.kernel_layout import words_per_chunk
-    from mmaemit.examples.dequant_gemm import _check_scheme, _pair_of_column, _program
+    from mmaemit.examples.dequant_gemm import _check_scheme, _pair_of_column, _program, grid_kernel
     from mmaemit.layouts.raster import panel_swizzle
 
     arch = as_arch(arch or "sm_90a")
@@ -247,26 +247,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
                     T.ptx["ld.shared.v4.b32"](v[0], v[1], v[2], v[3], Cs.ptr_to([r, col]))
                     T.ptx["st.global.v4.b32"](C.ptr_to([bt * BT + r, bn * BW + col]), v[0], v[1], v[2], v[3])
 
-    if not HAS_Z:
-        @T.prim_func
-        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
-                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
-            T.device_entry()
-            pid = T.cta_id([GT * GN])
-            warp = T.warp_id([NW])
-            lane = T.lane_id([32])
-            body(A, W, S, None, C, pid, warp, lane)
-    else:
-        @T.prim_func
-        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
-                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
-                 C: T.Buffer((M, N), dtype)):
-            T.device_entry()
-            pid = T.cta_id([GT * GN])
-            warp = T.warp_id([NW])
-            lane = T.lane_id([32])
-            body(A, W, S, Z, C, pid, warp, lane)
-
+    gemm = grid_kernel(body, M, N, K, G, WPC, dtype, ZD if HAS_Z else None, GT * GN, NW)
     return gemm, cfg
 
 
