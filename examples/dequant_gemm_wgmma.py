@@ -31,6 +31,37 @@ from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 
+def _fragments(dtype):
+    """(A, B, C) fragment maps of ``mma.sync m16n8k16`` (:mod:`mmaemit.layouts`): a warp's 16-row slice of the wgmma
+    m64nNk16 A operand and of each n8 column block of its accumulator has exactly these maps."""
+    from mmaemit import isa
+    from mmaemit.layouts import mma_fragment
+
+    instr = isa.select_mma(dtype, dtype, "float32", k=16)
+    return tuple(mma_fragment(instr, op) for op in ("A", "B", "C"))
+
+
+def wgmma_a_order(dtype="float16") -> tuple:
+    """For wgmma A register j (rows = weight rows n, cols = k): the index of the decoded n16 x k16 B-fragment register
+    ([n0 b0, n0 b1, n1 b0, n1 b1]) that holds the same elements, derived from the fragment maps."""
+    A, B, _ = _fragments(dtype)
+    order = []
+    for j in range(4):
+        row, k = A.forward(0, j, 0)
+        hits = [r for r in range(4) if (B.forward(0, r % 2, 0)[1] + 8 * (r // 2), B.forward(0, r % 2, 0)[0]) == (row, k)]
+        if len(hits) != 1:
+            raise AssertionError(f"wgmma A register {j} has no unique B-fragment source: {hits}")
+        order.append(hits[0])
+    return tuple(order)
+
+
+def logical_k_of_pair(p):
+    """Logical k' (kernel-layout order) of the real pair ``p`` (halfs 2p, 2p + 1) of a 64-wide chunk: the inverse of
+    :func:`mmaemit.dequant.kernel_layout.k_permutation` on pairs (real 16c + 4s + 2h -> logical 16s + 8h + 2c); works
+    on ints and TIR expressions."""
+    return 16 * (p % 8 // 2) + 8 * (p % 2) + 2 * (p // 8)
+
+
 @dataclass(frozen=True)
 class WgmmaConfig:
     """Tile configuration of the wgmma path."""
@@ -109,12 +140,15 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     def decode(word, out, scales, zeros):
         program.emit(word, out, scale_pair=scales, zero_pair=zeros)
 
+    A_ORDER = wgmma_a_order(dtype)
+    _, _, C_MAP = _fragments(dtype)
+
     def decode_chunk(wb, af, sp, zp, mi):
         # word u decodes B registers [u R, (u + 1) R) of the chunk (4 steps x [n0b0, n0b1, n1b0, n1b1]); they land
-        # in wgmma A order (0, 2, 1, 3) inside each step; register r's scale / zero is that of its n8 half (r % 4) // 2
+        # in wgmma A order (A_ORDER) inside each step; register r's scale / zero is that of its n8 half (r % 4) // 2
         for u in range(WPC):
             idx = [u * R + r for r in range(R)]
-            regs = [af[mi, i // 4 * 4 + (0, 2, 1, 3)[i % 4]] for i in idx]
+            regs = [af[mi, i // 4 * 4 + A_ORDER.index(i % 4)] for i in idx]
             decode(wb[mi, u], regs, [sp[mi, i % 4 // 2] for i in idx],
                    [zp[mi, i % 4 // 2] for i in idx] if HAS_Z else None)
 
@@ -126,7 +160,6 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
         wg = T.meta_var(warp // 4)
         wi = T.meta_var(warp % 4)
         g = T.meta_var(lane // 4)
-        c = T.meta_var(lane % 4)
         pool = T.SMEMPool()
         Xs = pool.alloc((ST, BT, CHUNK), dtype, align=1024)
         Wr = pool.alloc((ST, MW, THREADS, WPC), "uint32", align=128)    # per-thread rings (own bytes only)
@@ -160,7 +193,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
                 p = T.meta_var(q % 32)     # real pair 16c + 4s + 2h -> logical k' = 16s + 8h + 2c
                 row = T.meta_var(bt * BT + t)
                 T.ptx["cp.async.ca.shared.global"](
-                    Xs.ptr_to(swz(st, t, 16 * (p % 8 // 2) + 8 * (p % 2) + 2 * (p // 8))),
+                    Xs.ptr_to(swz(st, t, logical_k_of_pair(p))),
                     A.ptr_to([T.min(row, M - 1), kt * CHUNK + 2 * p]), 4,
                     T.Select(T.And(row < M, live), T.uint32(4), T.uint32(0)))
             for mi in T.unroll(MW):
@@ -231,11 +264,11 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
                 T.ptx.mov.b32(acc[mi, i], acc[mi, i])
         T.ptx["cp.async.wait_group"](0)
         T.cuda.cta_sync()
-        # accumulator (mi, 4j + 2h + e) = C^T[weight row 16 w + g + 8h of tile mi, activation row 8j + 2c + e]
+        # accumulator (mi, 4j + q) = C^T[weight row 16 w + row(q) of tile mi, activation row 8j + col(q)]
         for mi in T.unroll(MW):
             for i in T.unroll(BT // 2):
-                Cs[8 * (i // 4) + 2 * c + i % 2, (wg * MW + mi) * 64 + 16 * wi + g + 8 * (i % 4 // 2)] = \
-                    T.Cast(dtype, acc[mi, i])
+                rc = T.meta_var(C_MAP.forward(lane, i % 4, 0))
+                Cs[8 * (i // 4) + rc[1], (wg * MW + mi) * 64 + 16 * wi + rc[0]] = T.Cast(dtype, acc[mi, i])
         T.cuda.cta_sync()
         for i in T.unroll((PIECES + THREADS - 1) // THREADS):
             q = T.meta_var(tid + i * THREADS)

@@ -128,3 +128,17 @@ def test_wgmma_path_on_the_interpreter(M, cfg, dtype, fmt, mode):
     assert report.ok, report
     rel = ((C.double() - ref).norm() / ref.norm()).item()
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
+
+
+def test_kernel_index_maps_follow_the_layout_objects():
+    """The copy puts real pair p at logical_k_of_pair(p): the inverse of the kernel layout's k_permutation; the A
+    register order is derived from the mma fragment maps (each A register has exactly one B-register source)."""
+    from mmaemit.dequant.kernel_layout import k_permutation
+    from mmaemit.examples.dequant_gemm_wgmma import logical_k_of_pair, wgmma_a_order
+
+    perm = k_permutation(64)
+    for p in range(32):
+        kl = logical_k_of_pair(p)
+        assert kl % 2 == 0 and perm[kl] == 2 * p and perm[kl + 1] == 2 * p + 1
+    for dtype in ("float16", "bfloat16"):
+        assert sorted(wgmma_a_order(dtype)) == [0, 1, 2, 3]
