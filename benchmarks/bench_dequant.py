@@ -23,9 +23,9 @@ from mmaemit import dequant as D
 from mmaemit.arch import device_arch
 from mmaemit.dequant.formats import get_format
 from mmaemit.dequant.kernel_layout import kernel_arguments
-from mmaemit.examples.dequant_gemm import (WEIGHT_FORMATS, ZEROS_FORMATS, GemvConfig, TiledConfig, default_tiled_config,
+from mmaemit.kernels.dequant_gemm import (WEIGHT_FORMATS, ZEROS_FORMATS, GemvConfig, TiledConfig, default_tiled_config,
                                            make_dequant_gemm)
-from mmaemit.examples.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config
+from mmaemit.kernels.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config
 from mmaemit.runtime.timing import copies_needed, time_rotating
 
 HBM_BYTES_PER_S = {"H100": 3.0e12, "H200": 4.3e12}   # measured device-to-device copy bandwidth

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import mmaemit
-from mmaemit.examples.gemm_fine_grained import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
+from mmaemit.kernels.gemm_mma import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
 
 
 def bench(fn) -> float:

@@ -17,7 +17,7 @@ import torch
 from triton.testing import do_bench
 
 import mmaemit
-from mmaemit.examples.gemm_fine_grained import GemmConfig, make_gemm
+from mmaemit.kernels.gemm_mma import GemmConfig, make_gemm
 
 CONFIGS = [GemmConfig(128, 128, 64, 64, 64, 3), GemmConfig(128, 128, 64, 64, 64, 4),
            GemmConfig(128, 128, 128, 64, 64, 3), GemmConfig(128, 256, 64, 64, 64, 3),

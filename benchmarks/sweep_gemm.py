@@ -13,7 +13,7 @@ import sys
 import torch
 
 import mmaemit
-from mmaemit.examples.gemm_fine_grained import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
+from mmaemit.kernels.gemm_mma import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_gemm import bench  # noqa: E402

@@ -19,7 +19,7 @@ def gemm(A: T.Buffer((M, K), "float16"), B: T.Buffer((N, K), "float16"), C: T.Bu
     a, b, c = em.alloc_fragments()
     em.fill_accumulators(c)
     for ko in T.serial(K // BK):
-        for t in T.serial(BM * BK // NT):    # plain copies; see examples/gemm_fine_grained.py for cp.async
+        for t in T.serial(BM * BK // NT):    # plain copies; see mmaemit/kernels/gemm_mma.py for cp.async
             e = T.meta_var(t * NT + warp * 32 + lane)
             As[swz(e // BK, e % BK)] = A[bm * BM + e // BK, ko * BK + e % BK]
             Bs[swz(e // BK, e % BK)] = B[bn * BN + e // BK, ko * BK + e % BK]

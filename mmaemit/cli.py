@@ -34,7 +34,7 @@ def _demo_gpu(args) -> int:
     import torch
 
     import mmaemit
-    from mmaemit.examples.gemm_fine_grained import GemmConfig, make_gemm, random_inputs, reference
+    from mmaemit.kernels.gemm_mma import GemmConfig, make_gemm, random_inputs, reference
     from mmaemit.runtime.timing import median_time
 
     n = args.size
@@ -63,7 +63,7 @@ def _demo_gpu(args) -> int:
 
 def _demo_cpu(args) -> int:
     import mmaemit
-    from mmaemit.examples.gemm_fine_grained import GemmConfig, make_gemm
+    from mmaemit.kernels.gemm_mma import GemmConfig, make_gemm
 
     print("mmaemit demo (no GPU visible): building the hand-composed GEMM and reading its SASS")
     failures = 0
@@ -93,7 +93,7 @@ def _demo_interpret() -> int:
         return 0
     import torch
 
-    from mmaemit.examples.gemm_fine_grained import GemmConfig, make_gemm, random_inputs, reference
+    from mmaemit.kernels.gemm_mma import GemmConfig, make_gemm, random_inputs, reference
 
     M = N = 128
     K = 64

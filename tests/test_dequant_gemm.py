@@ -7,7 +7,7 @@ from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import (from_kernel_layout, from_kernel_scales, k_permutation, to_kernel_layout,
                                            to_kernel_scales)
 from mmaemit.errors import TileShapeError
-from mmaemit.examples.dequant_gemm import (GemvConfig, TiledConfig, make_dequant_gemm, make_dequant_gemm_tiled,
+from mmaemit.kernels.dequant_gemm import (GemvConfig, TiledConfig, make_dequant_gemm, make_dequant_gemm_tiled,
                                            make_dequant_gemv)
 
 

@@ -126,7 +126,7 @@ _CASES = [("int8", None, torch.float16), ("uint8", "quantized", torch.float16), 
 @pytest.mark.parametrize("fmt, mode, dtype", _CASES + [("int8_ob", None, torch.float16), ("int2", None, torch.bfloat16),
                                                       ("uint1", "quantized", torch.float16)])
 def test_gemv_every_bit_width_on_the_interpreter(fmt, mode, dtype):
-    from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemv
+    from mmaemit.kernels.dequant_gemm import GemvConfig, make_dequant_gemv
 
     M, N, K = 1 + len(fmt) % 7, 64, 512
     args, kw, ref = _problem(fmt, mode, M, N, K, 128, dtype)
@@ -142,7 +142,7 @@ def test_gemv_every_bit_width_on_the_interpreter(fmt, mode, dtype):
                                                       ("int2_ob", None, torch.float16),
                                                       ("uint1", "original", torch.float16)])
 def test_tiled_every_bit_width_on_the_interpreter(fmt, mode, dtype):
-    from mmaemit.examples.dequant_gemm import TiledConfig, make_dequant_gemm_tiled
+    from mmaemit.kernels.dequant_gemm import TiledConfig, make_dequant_gemm_tiled
 
     M, N, K = 17 + 3 * len(fmt), 64, 512
     args, kw, ref = _problem(fmt, mode, M, N, K, 128, dtype)
@@ -158,7 +158,7 @@ def test_tiled_every_bit_width_on_the_interpreter(fmt, mode, dtype):
                                             ("int2", "LDGSTS.E.64", "LDS.64"), ("int1", "LDGSTS.E", "LDS")])
 def test_gemv_sass_copies_b_bytes_per_lane_and_chunk(fmt, copy, lds):
     """8-bit: two 16-byte cp.async.cg per lane, block and chunk; 2 / 1-bit: one 8- / 4-byte cp.async.ca; no spills."""
-    from mmaemit.examples.dequant_gemm import make_dequant_gemv
+    from mmaemit.kernels.dequant_gemm import make_dequant_gemv
 
     kernel = mmaemit.compile(make_dequant_gemv(1, 8192, 8192, 128, arch="sm_90a", weight_format=fmt)[0],
                              target="sm_90a")
@@ -171,7 +171,7 @@ def test_gemv_sass_copies_b_bytes_per_lane_and_chunk(fmt, copy, lds):
 
 
 def test_kernels_refuse_formats_and_shapes_they_cannot_take():
-    from mmaemit.examples.dequant_gemm import GemvConfig, make_dequant_gemm, make_dequant_gemv
+    from mmaemit.kernels.dequant_gemm import GemvConfig, make_dequant_gemm, make_dequant_gemv
 
     with pytest.raises(mmaemit.UnsupportedConfigError, match="'float8_e5m2', .*not 'mxfp4'"):
         make_dequant_gemm(1, 256, 4096, weight_format="mxfp4")
@@ -199,7 +199,7 @@ _GPU_CASES = [("int8", None), ("uint8", "quantized"), ("float8_e4m3fn", None), (
 @pytest.mark.parametrize("M", [1, 16, 128])
 def test_every_bit_width_on_gpu(fmt, mode, dtype, M):
     from mmaemit.arch import device_arch
-    from mmaemit.examples.dequant_gemm import make_dequant_gemm
+    from mmaemit.kernels.dequant_gemm import make_dequant_gemm
 
     N, K = 256, 1024
     args, kw, ref = _problem(fmt, mode, M, N, K, 128, dtype, device="cuda", seed=M)

@@ -9,8 +9,8 @@ import mmaemit
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
 from mmaemit.errors import ArchError, PerformanceWarning, TileShapeError
-from mmaemit.examples.dequant_gemm import TiledConfig, make_dequant_gemm
-from mmaemit.examples.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config, make_dequant_gemm_wgmma
+from mmaemit.kernels.dequant_gemm import TiledConfig, make_dequant_gemm
+from mmaemit.kernels.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config, make_dequant_gemm_wgmma
 
 
 def _sass_counts(kernel):
@@ -134,7 +134,7 @@ def test_kernel_index_maps_follow_the_layout_objects():
     """The copy puts real pair p at logical_k_of_pair(p): the inverse of the kernel layout's k_permutation; the A
     register order is derived from the mma fragment maps (each A register has exactly one B-register source)."""
     from mmaemit.dequant.kernel_layout import k_permutation
-    from mmaemit.examples.dequant_gemm_wgmma import logical_k_of_pair, wgmma_a_order
+    from mmaemit.kernels.dequant_gemm_wgmma import logical_k_of_pair, wgmma_a_order
 
     perm = k_permutation(64)
     for p in range(32):

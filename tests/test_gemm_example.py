@@ -5,7 +5,7 @@ import pytest
 
 import mmaemit
 from mmaemit.errors import TileShapeError
-from mmaemit.examples.gemm_fine_grained import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
+from mmaemit.kernels.gemm_mma import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
 
 DTYPES = ("float16", "bfloat16")
 

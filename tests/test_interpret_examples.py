@@ -6,7 +6,7 @@ import torch
 from tvm.script import tirx as T
 
 from mmaemit import TensorCoreIntrinEmitter, make_mma_swizzle_layout
-from mmaemit.examples.gemm_fine_grained import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
+from mmaemit.kernels.gemm_mma import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
 from mmaemit.interpret import interpret
 from mmaemit.interpret.diagnostics import SharedMemoryRaceError
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from mmaemit.examples.gemm_fine_grained import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
+from mmaemit.kernels.gemm_mma import LAYOUTS, GemmConfig, make_gemm, random_inputs, reference
 
 _INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 

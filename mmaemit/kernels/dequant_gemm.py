@@ -23,7 +23,7 @@ each 64-wide chunk, WPC = b words = 4 b bytes per lane per n16 block and chunk).
 * epilogue: every warp writes its partial sums of rows < M to shared memory; after one barrier all threads sum the
   ``k_slices`` partials of the M x (16 n_blocks) outputs in parallel and store them coalesced.
 
-    python -m examples.dequant_gemm         # needs a GPU
+    python -m mmaemit.kernels.dequant_gemm         # needs a GPU
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ ZEROS_FORMATS = tuple(f for f in WEIGHT_FORMATS if get_format(f).kind == "uint")
 ZEROS_MODES = (None, "original", "rescale", "quantized")
 
 
-def _program(weight_format, dtype, mode, arch, variant="shift"):
+def kernel_decode_program(weight_format, dtype, mode, arch, variant="shift"):
     """The decode program: the fast path where one exists on ``arch`` (``decode.FAST_DECODE``), else the exact
     reference converter (e.g. nf4, e2m1 / int8 / e4m3 to bf16, e4m3 below sm_89 or with ``arch=None``)."""
     from mmaemit.errors import MmaemitError
@@ -55,7 +55,7 @@ def _program(weight_format, dtype, mode, arch, variant="shift"):
         return decode_program(weight_format, dtype, mode=mode, arch=arch or "sm_80", fast=False)
 
 
-def _check_scheme(weight_format, zeros_mode):
+def check_scheme(weight_format, zeros_mode):
     """Validate the weight format / zeros mode; returns (bits, Z buffer dtype: None without zeros)."""
     if weight_format not in WEIGHT_FORMATS:
         raise UnsupportedConfigError(f"weight_format must be one of {choices(WEIGHT_FORMATS)}, not {weight_format!r} "
@@ -109,7 +109,7 @@ class _WordPlan:
         return 4 * (s % self.steps_per_word) - 4 + c
 
 
-def _pair_of_column(word0, word1, g, h):
+def pair_of_column(word0, word1, g, h):
     """{v, v} (uint32) of the B-fragment column n = 8h + g from a lane's [h, e] quad of a kernel-layout row c' = g//2.
 
     ``word0``/``word1`` hold halves (h=0, e=0/1) and (h=1, e=0/1) of ``to_kernel_scales``' [nb, grp, g // 2, :]."""
@@ -147,7 +147,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     """
     from tvm.script import tirx as T
 
-    bits, z_kind = _check_scheme(weight_format, zeros_mode)
+    bits, z_kind = check_scheme(weight_format, zeros_mode)
     plan = _WordPlan(bits)
     WPC, V, P, STASHED = plan.wpc, plan.vec, plan.pieces, plan.stash > 0
     dtype = canonical(dtype)
@@ -179,7 +179,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
 
     # one word of 32/b codes -> 16/b f16x2 / bf16x2 B registers (mmaemit.dequant.decode), split over k16 steps by plan
     POST_SCALE = zeros_mode is None
-    program = _program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch, config.decode_variant)
+    program = kernel_decode_program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch, config.decode_variant)
     ZD = dtype if z_kind == "act" else z_kind
 
     def decode_step(s, nb, wb, B_frag, stash, sreg, zreg, g):
@@ -187,7 +187,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         def pair(h):
             if POST_SCALE:
                 return None, None
-            return _pair_of_column(sreg[nb, 0], sreg[nb, 1], g, h), _pair_of_column(zreg[nb, 0], zreg[nb, 1], g, h)
+            return pair_of_column(sreg[nb, 0], sreg[nb, 1], g, h), pair_of_column(zreg[nb, 0], zreg[nb, 1], g, h)
         plan.decode_step(program, s, lambda w: wb[nb, w], lambda r: B_frag[nb, r], lambda i: stash[nb, i], pair)
 
     def stash_buffer():
@@ -374,7 +374,7 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
     """
     from tvm.script import tirx as T
 
-    bits, z_kind = _check_scheme(weight_format, zeros_mode)
+    bits, z_kind = check_scheme(weight_format, zeros_mode)
     plan = _WordPlan(bits)
     WPC, V, P, STASHED = plan.wpc, plan.vec, plan.pieces, plan.stash > 0
     from mmaemit import make_mma_swizzle_layout
@@ -410,7 +410,7 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                                  f"{THREADS} threads")
     A_IT, W_IT = -(-A_PIECES // THREADS), -(-W_PIECES // THREADS)   # copy iterations (the last may be partial)
     swz = make_mma_swizzle_layout((ST, BM, CHUNK), dtype)
-    program = _program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch)
+    program = kernel_decode_program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch)
     HAS_Z = z_kind is not None
     ZD = dtype if z_kind in (None, "act") else z_kind
 
@@ -507,12 +507,12 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                         T.ptx["ld.shared.b32"](wb[j, 0], Ws.ptr_to([st, nb, 0, lane, 0]))
                 # scales of this lane's B columns n = g and 8 + g: [h=0/1, c' = g // 2, e = g % 2] of [2, 4, 2]
                 T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([st, nb, g // 2 * 4]))
-                sp[j, 0] = _pair_of_column(sv[0], sv[1], g, 0)
-                sp[j, 1] = _pair_of_column(sv[0], sv[1], g, 1)
+                sp[j, 0] = pair_of_column(sv[0], sv[1], g, 0)
+                sp[j, 1] = pair_of_column(sv[0], sv[1], g, 1)
                 if HAS_Z:
                     T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Zs.ptr_to([st, nb, g // 2 * 4]))
-                    zp[j, 0] = _pair_of_column(sv[0], sv[1], g, 0)
-                    zp[j, 1] = _pair_of_column(sv[0], sv[1], g, 1)
+                    zp[j, 0] = pair_of_column(sv[0], sv[1], g, 0)
+                    zp[j, 1] = pair_of_column(sv[0], sv[1], g, 1)
             for half in T.unroll(2):
                 for i in T.unroll(WR):
                     for r in T.unroll(2):
@@ -575,7 +575,7 @@ def grid_kernel(body, M, N, K, G, WPC, dtype, z_dtype, ctas, warps):
 def make_dequant_gemm(M, N, K, group_size=128, dtype="float16", config=None, arch=None, *, weight_format="int4",
                       zeros_mode=None):
     """Dequant GEMM (W8A16 / W4A16 / W2A16 / W1A16) for any M with one weight layout: the GEMV path for M <= 16,
-    the wgmma path (:mod:`examples.dequant_gemm_wgmma`) for M > 128 on sm_90a, the mma.sync tiled path otherwise.
+    the wgmma path (:mod:`mmaemit.kernels.dequant_gemm_wgmma`) for M > 128 on sm_90a, the mma.sync tiled path otherwise.
     A ``config`` of one path's type (GemvConfig, TiledConfig, WgmmaConfig) selects that path. ``arch`` None: the
     visible GPU's arch (sm_80 rules without one). Returns ``(func, emitter_or_config)``."""
     from mmaemit.arch import as_arch, device_arch

@@ -76,7 +76,7 @@ class WgmmaConfig:
 def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: WgmmaConfig = WgmmaConfig(),
                             arch="sm_90a", *, weight_format="int4", zeros_mode=None):
     """Build ``gemm(A, W, S, C)`` (``gemm(A, W, S, Z, C)`` with zeros) for sm_90a; arguments and layouts as
-    :func:`examples.dequant_gemm.make_dequant_gemv` (A [M, K], W int32 kernel layout, S / Z [N/16, K/G, 4, 4],
+    :func:`mmaemit.kernels.dequant_gemm.make_dequant_gemv` (A [M, K], W int32 kernel layout, S / Z [N/16, K/G, 4, 4],
     C [M, N]). Emits ``wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{f16,bf16}.{f16,bf16}`` (A from registers,
     B from a 128-byte-swizzled K-major shared tile), ``cp.async`` 4/8/16 bytes, the decode program's lop3/prmt/
     half2 ops and ``fence.proxy.async``."""
@@ -85,12 +85,12 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     from mmaemit import isa, make_mma_swizzle_layout
     from mmaemit.arch import as_arch
     from mmaemit.dequant.kernel_layout import words_per_chunk
-    from mmaemit.examples.dequant_gemm import _check_scheme, _pair_of_column, _program, grid_kernel
+    from mmaemit.kernels.dequant_gemm import check_scheme, grid_kernel, kernel_decode_program, pair_of_column
     from mmaemit.layouts.raster import panel_swizzle
 
     arch = as_arch(arch or "sm_90a")
     isa.require_feature("wgmma", arch)
-    bits, z_kind = _check_scheme(weight_format, zeros_mode)
+    bits, z_kind = check_scheme(weight_format, zeros_mode)
     dtype = canonical(dtype)
     if dtype not in ("float16", "bfloat16"):
         raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
@@ -128,7 +128,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     X_IT = X_PAIRS // THREADS
     swz = make_mma_swizzle_layout((ST, BT, CHUNK), dtype)
     STAGE_DESC = BT * CHUNK * 2 // 16      # one ring stage in descriptor units (16 bytes)
-    program = _program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch.name)
+    program = kernel_decode_program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch.name)
     HAS_Z = z_kind is not None
     ZD = dtype if z_kind in (None, "act") else z_kind
     R = program.registers                  # B registers per word
@@ -224,13 +224,13 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
                     wb[mi, u] = Wr[st, mi, tid, u]
                 sv[mi, 0] = Sr[st, mi, tid, 0]
                 sv[mi, 1] = Sr[st, mi, tid, 1]
-                sp[mi, 0] = _pair_of_column(sv[mi, 0], sv[mi, 1], g, 0)
-                sp[mi, 1] = _pair_of_column(sv[mi, 0], sv[mi, 1], g, 1)
+                sp[mi, 0] = pair_of_column(sv[mi, 0], sv[mi, 1], g, 0)
+                sp[mi, 1] = pair_of_column(sv[mi, 0], sv[mi, 1], g, 1)
                 if HAS_Z:
                     zv[mi, 0] = Zr[st, mi, tid, 0]
                     zv[mi, 1] = Zr[st, mi, tid, 1]
-                    zp[mi, 0] = _pair_of_column(zv[mi, 0], zv[mi, 1], g, 0)
-                    zp[mi, 1] = _pair_of_column(zv[mi, 0], zv[mi, 1], g, 1)
+                    zp[mi, 0] = pair_of_column(zv[mi, 0], zv[mi, 1], g, 0)
+                    zp[mi, 1] = pair_of_column(zv[mi, 0], zv[mi, 1], g, 1)
                 # groups retire in order: this leaves only the MW - 1 groups issued after (kt - 1, mi) pending,
                 # so af[mi] is free; decoding overlaps the tensor cores' work on those groups
                 T.ptx.wgmma.wait_group.sync.aligned(MW - 1)

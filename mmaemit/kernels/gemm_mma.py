@@ -20,7 +20,7 @@ float8_e5m2 (f32 accumulators, sm_89), int4/uint4 (s32; ``block_k`` a multiple o
 parameters are uint8 with half as many columns, element ``2i`` of a row in the low nibble of byte ``i``
 (``pack_int4``).
 
-    python -m examples.gemm_fine_grained --m 4096 --n 4096 --k 4096     # needs a GPU
+    python -m mmaemit.kernels.gemm_mma --m 4096 --n 4096 --k 4096     # needs a GPU
 """
 from __future__ import annotations
 

@@ -1,1 +1,0 @@
-"""Example kernels composed by hand from mmaemit's emitters (shipped inside the package as ``mmaemit.examples``)."""

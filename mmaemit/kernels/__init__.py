@@ -1,0 +1,6 @@
+"""Kernels users import, built from mmaemit's building blocks (library code; ``examples/`` holds short compositions).
+
+* :mod:`mmaemit.kernels.gemm_mma` - the mma.sync GEMM for every dtype and operand major (``make_gemm``, ``GemmConfig``)
+* :mod:`mmaemit.kernels.dequant_gemm` - low-bit weight GEMV / GEMM for every M (``make_dequant_gemm``)
+* :mod:`mmaemit.kernels.dequant_gemm_wgmma` - the Hopper wgmma path of the dequant GEMM (M > 128 on sm_90a)
+"""
