@@ -3,7 +3,7 @@
 instruction (the active threads, the fully active warps).
 
 Everything here works on a CTA state ``st`` (``machine.CTAState``): ``st.smem`` (``memory.SharedMemory``),
-``st.regions``, ``st.mask`` (None = all threads active), ``st.rec`` (``machine.Recorder``), ``st.epoch``.
+``st.regions``, ``st.mask`` (None = all threads active), ``st.rec`` (``machine.Recorder``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import numpy as np
 from ..errors import UnsupportedConfigError
 from .memory import OFFSET_MASK, REGION_SHIFT, SHARED_RID
 
-__all__ = ["MemRef", "first_flagged", "as_thread_vector", "active_threads", "full_warps", "mem_read", "mem_write",
+#: threads of a warpgroup (4 consecutive warps)
+WARPGROUP = 128
+
+__all__ = ["WARPGROUP", "full_warpgroups", "warpgroup_threads", "MemRef", "first_flagged", "as_thread_vector", "active_threads", "full_warps", "mem_read", "mem_write",
            "shared_check", "shared_fault", "cvta_to_shared", "shared_addresses", "shared_rows", "global_bytes",
            "global_write", "proxy_fence"]
 
@@ -91,39 +94,54 @@ def shared_check(st, site, b, thr, write, name_hint=None, initialize=True):
     smem = st.smem
     width = b.shape[1]
     bf = b.reshape(-1)
-    w = np.repeat(st.warp_of[thr], width).astype(np.int16)
-    ep = st.epoch
+    w = np.repeat(st.warp_of[thr], width).astype(np.int64)
     if write:
         wgr = smem.wg_reading[bf] > 0
         if wgr.any():
             k = int(np.argmax(wgr))
             shared_fault(st, site, "wgmma_before_wait", bf[k], int(thr[k // width]),
-                          "write to shared memory that a wgmma.mma_async in flight reads (missing "
-                          "wgmma.wait_group before overwriting its operand)")
-        race = smem.write_hazards(bf, w, ep)
+                         "write to shared memory that a wgmma.mma_async in flight reads (missing "
+                         "wgmma.wait_group before overwriting its operand)")
+        blk = smem.bulk_reading[bf] > 0
+        if blk.any():
+            k = int(np.argmax(blk))
+            shared_fault(st, site, "tma_before_wait", bf[k], int(thr[k // width]),
+                         "write to shared memory that a TMA store in flight still reads (missing "
+                         "cp.async.bulk.wait_group.read before reusing the buffer)")
+        race = smem.write_hazards(bf, w)
         if race.any():
             k = int(np.argmax(race))
             shared_fault(st, site, "race", bf[k], int(thr[k // width]),
-                          f"shared-memory race: write by warp {int(w[k])} conflicts with "
-                          f"{smem.other_warp(int(bf[k]), int(w[k]), ep, 'write')} with no barrier in between")
-        smem.note_writes(bf, w, ep, initialize)
+                         f"shared-memory race: write by warp {int(w[k])} conflicts with "
+                         f"{smem.conflicts(int(bf[k]), int(w[k]), 'write')} with no barrier in between")
+        smem.note_writes(bf, w, initialize=initialize)
         return
-    pend, uninit, race = smem.read_hazards(bf, w, ep)
+    pend, uninit, race = smem.read_hazards(bf, w)
     if pend.any():
         k = int(np.argmax(pend))
         shared_fault(st, site, "cp_async_before_wait", bf[k], int(thr[k // width]),
-                      "read of shared memory whose cp.async data has not landed (missing cp.async.wait_group / "
-                      "wait_all before this read)")
+                     "read of shared memory whose cp.async data has not landed (missing cp.async.wait_group / "
+                     "wait_all before this read)")
     if uninit.any():
         k = int(np.argmax(uninit))
         shared_fault(st, site, "uninitialized_read", bf[k], int(thr[k // width]),
-                      "read of shared memory that no thread has written")
+                     "read of shared memory that no thread has written")
     if race.any():
-        k = int(np.argmax(race))
-        shared_fault(st, site, "race", bf[k], int(thr[k // width]),
-                      f"shared-memory race: read by warp {int(w[k])} of data written by warp "
-                      f"{int(smem.w_warp[bf[k]])} with no barrier in between")
-    smem.note_reads(bf, w, ep)
+        agent = race & (smem.w_warp[bf] >= smem.clocks.W)
+        if agent.any():
+            k = int(np.argmax(agent))
+            x = int(smem.w_warp[bf[k]])
+            shared_fault(st, site, "tma_before_wait", bf[k], int(thr[k // width]),
+                         f"read by warp {int(w[k])} of shared memory that a TMA load writes, before waiting for the "
+                         f"mbarrier phase that load completes ({smem.clocks.writer_name(x)}): wait on that mbarrier "
+                         f"(mbarrier.try_wait.parity) before reading the tile")
+        plain = race & ~agent
+        if plain.any():
+            k = int(np.argmax(plain))
+            shared_fault(st, site, "race", bf[k], int(thr[k // width]),
+                         f"shared-memory race: read by warp {int(w[k])} of data written by warp "
+                         f"{int(smem.w_warp[bf[k]])} with no barrier in between")
+    smem.note_reads(bf, w)
 
 
 def shared_fault(st, site, kind, byte, thread, message):
@@ -331,3 +349,28 @@ def proxy_fence(st):
     warps = np.unique(st.warp_of[active_threads(st)])
     if len(warps):
         smem.unfenced[np.isin(smem.w_warp, warps.astype(smem.w_warp.dtype))] = False
+
+
+def full_warpgroups(st, site, what, family="wgmma"):
+    """(warpgroup indices, thread indices) of the fully active warpgroups; partial ones are divergence errors."""
+    nwg = st.W // 4
+    act = np.ones(st.T, bool) if st.mask is None else st.mask
+    tail = act[nwg * WARPGROUP:]
+    if tail.any():
+        t = nwg * WARPGROUP + int(np.argmax(tail))
+        st.rec.fault(st, "divergence", site, f"{what} executed by warp {t // 32}, which is not part of a complete "
+                     f"warpgroup ({st.W} warps per CTA): {family} needs 4 consecutive warps", thread=t)
+    m = act[: nwg * WARPGROUP].reshape(nwg, WARPGROUP)
+    full = m.all(axis=1)
+    part = m.any(axis=1) & ~full
+    if part.any():
+        g = int(np.argmax(part))
+        st.rec.fault(st, "divergence", site, f"{what} executed by {int(m[g].sum())} of the {WARPGROUP} threads of "
+                     f"warpgroup {g}: .sync.aligned {family} instructions need every thread of the warpgroup",
+                     thread=g * WARPGROUP + int(np.argmin(m[g])))
+    return np.nonzero(full)[0]
+
+
+def warpgroup_threads(g):
+    """Thread indices of warpgroup ``g``."""
+    return g * WARPGROUP + np.arange(WARPGROUP)

@@ -8,12 +8,12 @@ import ml_dtypes
 import numpy as np
 
 from ..arch import as_arch
-from ..errors import ArgumentError, choices
+from ..errors import ArgumentError, UnsupportedConfigError, choices
 from .diagnostics import InterpretReport, KernelFault
 from .compiler import KernelProgram
 from .lowering import lower
 from .machine import Recorder, run_launch
-from .memory import FIRST_GLOBAL_RID, Region
+from .memory import FIRST_GLOBAL_RID, OFFSET_MASK, REGION_SHIFT, Region
 from .values import NP_DTYPES, split_dtype
 
 DEFAULT_ARCH = "sm_90a"
@@ -32,8 +32,11 @@ def interpret(kernel, *args, arch=None, on_error: str = "raise") -> InterpretRep
     (C-contiguous, matching the kernel's buffer shapes and dtypes) and Python scalars, in parameter order; outputs
     are written in place, like the GPU call. ``on_error``: "raise" (default) raises a ``KernelFault`` subclass at
     the first out-of-bounds access, uninitialized shared read, shared-memory race, cp.async read before its wait,
-    misaligned access, divergent collective, wgmma operand touched before its wait_group, or missing wgmma.fence /
-    fence.proxy.async; "report" records them in ``report.diagnostics`` and continues.
+    misaligned access, divergent collective, wgmma operand touched before its wait_group, missing wgmma.fence /
+    fence.proxy.async, shared memory read before the TMA load writing it completed, TMA / wgmma layout mismatch,
+    setmaxnreg over the register budget, mbarrier misuse or deadlock; "report" records them in
+    ``report.diagnostics`` and continues (a deadlocked CTA is abandoned). Tensor maps encoded on the host are
+    validated before anything runs (``mmaemit.ptx.tma.encode_tiled``: a clear ``ArgumentError`` / ``LayoutError``).
     Instructions the arch lacks raise ``ArchError`` before anything runs.
     """
     func = getattr(kernel, "prim_func", kernel)
@@ -54,8 +57,11 @@ def interpret(kernel, *args, arch=None, on_error: str = "raise") -> InterpretRep
                        dtype=arr.dtype)
             regions[r.rid] = r
             env[p.var.__chandle__()] = r.base
-    for var, value in prog.host_binds:
-        env[var.__chandle__()] = _host_eval(value, env, prog)
+    for step in prog.host_steps:
+        if step[0] == "bind":
+            env[step[1].__chandle__()] = _host_eval(step[2], env, prog)
+        else:
+            _encode_tensor_map(step[1], env, prog, regions)
     report = InterpretReport(kernel=prog.name, arch=a.name)
     rec = Recorder(report, on_error)
     compiled = prog.__dict__.setdefault("_compiled", {})
@@ -163,6 +169,49 @@ def _bind_args(prog, args):
     return arrays, env
 
 
+class _UnencodedTensorMap:
+    """``T.tvm_stack_alloca("tensormap", 1)``: host storage for a tensor map, until ``tensormap_encode_tiled``."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _encode_tensor_map(call, env, prog, regions):
+    """``T.tensormap_encode_tiled(map, data, dims.., byte strides.., box.., element strides.., **attrs)``: validate
+    the map (``mmaemit.ptx.tma.encode_tiled``) and bind it to its variable, checking it stays inside its buffer."""
+    from tvm import ir
+
+    from ..ptx.tma import encode_tiled
+
+    attrs = call.attrs
+    rank = int(attrs.rank)
+    args = list(call.args)
+    var = args[0]
+    name = var.name if isinstance(var, ir.Var) else "tensormap"
+    vals = [int(_host_eval(a, env, prog)) for a in args[1:]]
+    addr = vals[0]
+    dims = vals[1:1 + rank]
+    strides = vals[1 + rank:2 * rank]
+    box = vals[2 * rank:3 * rank]
+    es = vals[3 * rank:4 * rank]
+    dtype = str(attrs.descriptor_dtype)
+    if int(getattr(attrs, "force_cu_dtype", -1)) not in (-1,):
+        raise UnsupportedConfigError(f"tensor map {name}: force_cu_dtype={int(attrs.force_cu_dtype)} is not "
+                                     f"implemented by the interpreter; valid: -1")
+    tm = encode_tiled(dtype, addr, dims, strides, box, es, interleave=int(attrs.interleave),
+                      swizzle=int(attrs.swizzle), l2_promotion=int(attrs.l2_promotion),
+                      oob_fill=int(attrs.oob_fill), name=name)
+    region = regions.get(addr >> REGION_SHIFT)
+    if region is None:
+        raise ArgumentError(f"tensor map {name}: its global address does not point into a kernel argument")
+    last = (addr & OFFSET_MASK) + sum((d - 1) * s for d, s in zip(dims, tm.byte_strides)) + tm.elem_bytes
+    if last > region.nbytes:
+        raise ArgumentError(f"tensor map {name}: {tm.describe()} spans {last} bytes from the start of {region.name}, "
+                            f"which has {region.nbytes}")
+    if isinstance(var, ir.Var):
+        env[var.__chandle__()] = tm
+
+
 def _host_eval(e, env, prog):
     """Evaluate a host-side integer/pointer expression (launch dims, kernel arguments)."""
     from tvm import ir, tirx
@@ -178,6 +227,8 @@ def _host_eval(e, env, prog):
         if key not in env:
             raise ArgumentError(f"cannot evaluate host variable {e} (not bound by the arguments)")
         return env[key]
+    if isinstance(e, ir.Call) and getattr(e.op, "name", "") == "tirx.tvm_stack_alloca":
+        return _UnencodedTensorMap(str(e.args[0].value) if hasattr(e.args[0], "value") else "")
     if isinstance(e, ir.Call) and getattr(e.op, "name", "") == "tirx.buffer_data":
         buf = e.args[0]
         key = buf.__chandle__()

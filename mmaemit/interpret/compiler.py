@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedConfigError
-from . import intrinsics, ptx_exec, wgmma_exec
+from . import intrinsics, ptx_exec, sync_exec, tma_exec, wgmma_exec
 from .access import MemRef, first_flagged, mem_read, mem_write
 from .machine import Site, cta_barrier
 from .memory import OFFSET_MASK, POISON, REGION_SHIFT
@@ -21,7 +21,9 @@ from .values import NP_DTYPES, expr_dtype, is_py_int_dtype, np_dtype, split_dtyp
 __all__ = ["KernelProgram", "BufMeta", "PTX_FAMILIES"]
 
 #: every ``T.ptx`` family the interpreter executes -> its compile function
-PTX_FAMILIES = {**ptx_exec.FAMILIES, **wgmma_exec.FAMILIES}
+PTX_FAMILIES = {**ptx_exec.FAMILIES, **wgmma_exec.FAMILIES, **sync_exec.FAMILIES, **tma_exec.FAMILIES}
+#: families whose module keeps per-CTA state (set up before, checked after each CTA)
+_STATEFUL = {name: unit for unit in (sync_exec, tma_exec) for name in unit.FAMILIES}
 
 
 class BufMeta:
@@ -70,9 +72,30 @@ class KernelProgram:
         if self.wgmma_bufs:
             self.cta_setup.append(wgmma_exec.setup_cta)
             self.cta_finish.append(wgmma_exec.finish_cta)
+        # set while compiling: instructions that wait on other warps of the CTA (mbarrier waits, named barriers,
+        # setmaxnreg) need concurrent contexts; warpgroup-collective ones make the contexts warpgroups
+        self.blocking = False
+        self.warpgroup_collective = bool(self.wgmma_bufs)
+        self.barrier_counts = []      # constant thread counts of bar.sync (None: not a constant)
+        self.units = set()            # modules with per-CTA state the kernel uses
         self.param_slots = [self._slot(p) for p in self.func.params]
         self.body = self._stmt(self.func.body)
         self.nslots = len(self.slots)
+        if tma_exec in self.units:
+            self.units.add(sync_exec)
+        for unit in (sync_exec, tma_exec):
+            if unit in self.units:
+                self.cta_setup.append(unit.setup_cta)
+                if hasattr(unit, "finish_cta"):
+                    self.cta_finish.append(unit.finish_cta)
+
+    def needs_contexts(self, threads: int) -> bool:
+        """Whether a CTA of ``threads`` threads must run as concurrent contexts (``machine.Scheduler``)."""
+        return self.blocking or any(c is None or c != threads for c in self.barrier_counts)
+
+    def use_unit(self, unit):
+        """Record that the kernel uses ``unit`` (a module with ``setup_cta`` / ``finish_cta`` hooks)."""
+        self.units.add(unit)
 
     # -- helpers ----------------------------------------------------------------------------------------------------
 
@@ -384,7 +407,16 @@ class KernelProgram:
         if op is None:
             raise self.unsupported(f"calls to {v.op}")
         if op.startswith("tirx.ptx.") and op != "tirx.ptx.addr":
-            return compile_ptx_call(self, v, op[len("tirx.ptx."):], PTX_FAMILIES)
+            name = op[len("tirx.ptx."):]
+            if name in _STATEFUL:
+                self.use_unit(_STATEFUL[name])
+            return compile_ptx_call(self, v, name, PTX_FAMILIES)
+        if op == "tirx.cuda.mbarrier_wait":
+            self.use_unit(sync_exec)
+            return sync_exec.compile_mbarrier_wait(self, list(v.args))
+        if op == "tirx.cuda.warpgroup_sync":
+            self.use_unit(sync_exec)
+            return sync_exec.compile_warpgroup_sync(self, list(v.args))
         if op in ("tirx.cuda.cta_sync", "tirx.tvm_storage_sync"):
             if op == "tirx.tvm_storage_sync":
                 scope = str(v.args[0].value)

@@ -13,7 +13,8 @@ from ..errors import MmaemitError
 __all__ = ["Diagnostic", "BankConflictStat", "InterpretReport", "KernelFault", "OutOfBoundsError",
            "UninitializedReadError", "SharedMemoryRaceError", "CpAsyncBeforeWaitError", "DivergenceError",
            "MisalignedAccessError", "AssertionFailedError", "WgmmaBeforeWaitError", "WgmmaFenceError",
-           "ProxyFenceError", "WgmmaOperandError", "ERROR_KINDS"]
+           "ProxyFenceError", "WgmmaOperandError", "DeadlockError", "TmaBeforeWaitError", "TmaLayoutError",
+           "RegisterBudgetError", "MbarrierError", "TmaError", "ERROR_KINDS"]
 
 
 @dataclass
@@ -21,7 +22,8 @@ class Diagnostic:
     """One problem found while executing the kernel.
 
     ``kind``: "out_of_bounds", "uninitialized_read", "race", "cp_async_before_wait", "misaligned", "divergence",
-    "assert_failed", "wgmma_before_wait", "wgmma_missing_fence", "missing_proxy_fence", "wgmma_operand" (errors)
+    "assert_failed", "wgmma_before_wait", "wgmma_missing_fence", "missing_proxy_fence", "wgmma_operand", "deadlock",
+    "tma_before_wait", "tma_layout_mismatch", "register_budget", "mbarrier", "tma" (errors)
     or "assumed_alignment" (a warning: the interpreter assumed an alignment the generated CUDA does not promise).
     ``buffer``/``index``: the buffer as named in the lowered kernel and the element index (``index`` is the flat
     element index; ``detail`` adds the multi-dimensional index of the source buffer when known).
@@ -194,8 +196,52 @@ class WgmmaOperandError(KernelFault):
     kind = "wgmma_operand"
 
 
+class DeadlockError(KernelFault):
+    """No warp of the CTA can make progress: every unfinished warp waits (on an mbarrier phase, a named barrier, a
+    register request) for something only the others could do. The message names each wait, its barrier and state."""
+
+    kind = "deadlock"
+
+
+class TmaBeforeWaitError(KernelFault):
+    """Shared memory read (by threads, ldmatrix, wgmma or a TMA store) before the mbarrier phase completing the TMA
+    load that writes it was waited for; or written while a TMA store still reads it (before
+    ``cp.async.bulk.wait_group.read``), or left being read when the CTA ends."""
+
+    kind = "tma_before_wait"
+
+
+class TmaLayoutError(KernelFault):
+    """A wgmma matrix descriptor reads a TMA-loaded tile in a layout other than the one the tensor map's box and
+    swizzle wrote (e.g. a 64-byte-swizzled box read through a 128-byte-swizzle descriptor)."""
+
+    kind = "tma_layout_mismatch"
+
+
+class RegisterBudgetError(KernelFault):
+    """``setmaxnreg`` asks for more registers than the CTA's 64K can hold (a request that can never be granted), or an
+    illegal count / direction."""
+
+    kind = "register_budget"
+
+
+class MbarrierError(KernelFault):
+    """An mbarrier used before ``mbarrier.init``, initialized with an illegal count, or arrived on more often than its
+    phase expects (undefined behaviour in PTX)."""
+
+    kind = "mbarrier"
+
+
+class TmaError(KernelFault):
+    """A tensor copy whose tensor-map operand is not an encoded map, or whose dimensionality differs from the map's
+    rank."""
+
+    kind = "tma"
+
+
 #: kind -> exception class
 ERROR_KINDS = {c.kind: c for c in (OutOfBoundsError, UninitializedReadError, SharedMemoryRaceError,
                                    CpAsyncBeforeWaitError, MisalignedAccessError, DivergenceError,
                                    AssertionFailedError, WgmmaBeforeWaitError, WgmmaFenceError, ProxyFenceError,
-                                   WgmmaOperandError)}
+                                   WgmmaOperandError, DeadlockError, TmaBeforeWaitError, TmaLayoutError,
+                                   RegisterBudgetError, MbarrierError, TmaError)}

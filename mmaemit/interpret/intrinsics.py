@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import ptx
-from . import wgmma_exec
+from . import sync_exec, wgmma_exec
 from .access import cvta_to_shared
 from .values import INT_RANGE, NP_DTYPES, expr_dtype, np_dtype, split_dtype
 
@@ -238,6 +238,8 @@ def compile_call(kp, e):
         return lambda st: st.bufs[slot].region.base + st.bufs[slot].elem0 * st.bufs[slot].item
     if op == "tirx.address_of":
         load = args[0]
+        if isinstance(load, ir.Var):           # a kernel parameter passed by value (a tensor map): the object itself
+            return kp.expr(load)
         if not isinstance(load, ir.TensorLoad):
             raise kp.unsupported("address_of a non-buffer expression")
         meta = kp.buffer(load.source)
@@ -308,6 +310,9 @@ def compile_call(kp, e):
             bits = (m.reshape(st.W, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=1)
             return np.repeat(bits.astype(np.uint32), 32)
         return activemask
+    if op == "tirx.cuda.elect_sync":
+        kp.use_unit(sync_exec)
+        return sync_exec.compile_elect_sync(kp, args)
     if op == "tirx.cuda.thread_rank":
         return lambda st: st.tid
     if op in ("tirx.cuda.uint_as_float", "tirx.cuda.float_as_uint"):

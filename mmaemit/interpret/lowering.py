@@ -8,7 +8,8 @@ PrimFuncs are taken from that final module.
 
 The host side is read from the module right after ``SplitHostDevice`` (captured with a pass instrument, before
 MakePackedAPI turns it into FFI argument unpacking): it holds the ``call_ffi_kernel`` launches, their arguments and
-launch dimensions as expressions of the kernel's parameters.
+launch dimensions as expressions of the kernel's parameters, and the host statements before them (bindings and
+``T.tensormap_encode_tiled`` calls, which ``interpret`` evaluates in order).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class LoweredProgram:
     params: list
     launches: list
     host_decls: dict = field(default_factory=dict)   # buffer handle -> data expr (host DeclBuffers)
-    host_binds: list = field(default_factory=list)   # (var, value) host Bind statements, in order
+    host_steps: list = field(default_factory=list)   # ("bind", var, value) / ("call", Call), host statements in order
 
 
 _CACHE: dict = {}
@@ -135,7 +136,7 @@ def _read_host(stmt, prog, device_funcs):
         if body is not None:
             _read_host(body, prog, device_funcs)
     elif isinstance(stmt, tirx.Bind):
-        prog.host_binds.append((stmt.var, stmt.value))
+        prog.host_steps.append(("bind", stmt.var, stmt.value))
     elif isinstance(stmt, tirx.AttrStmt):
         _read_host(stmt.body, prog, device_funcs)
     elif isinstance(stmt, tirx.AssertStmt):
@@ -151,6 +152,8 @@ def _read_host(stmt, prog, device_funcs):
             tags = [str(t) for t in call.attrs.launch_params]
             prog.launches.append(Launch(kernel_name=name, device_func=device_funcs[name], arg_exprs=rest[:n],
                                         launch_params=tags, launch_values=rest[n:]))
+        elif isinstance(call, ir.Call) and getattr(call.op, "name", "") == "tirx.tensormap_encode_tiled":
+            prog.host_steps.append(("call", call))
     else:
         raise UnsupportedConfigError(
             f"the interpreter supports straight-line host code around kernel launches; found "

@@ -1,13 +1,24 @@
 """The machine: one CTA's state, the diagnostics recorder, barriers, and running a compiled kernel CTA by CTA.
 
-Execution model. All threads of a CTA run in lockstep, vectorized with numpy: a per-thread value is an array of
+Execution model. The threads of a CTA run in lockstep, vectorized with numpy: a per-thread value is an array of
 shape (T,) (T = threads per CTA), a uniform value is a scalar, a TIR vector value adds a trailing lane axis. Control
 flow that differs between threads runs under a boolean activity mask (divergence); warp-collective instructions
 (``ldmatrix``, ``stmatrix``, ``mma``, ``shfl``) execute per warp on the warps whose 32 lanes are all active and
 report a divergence error for partially active warps; ``bar.sync``/``__syncthreads`` must be reached by every
-thread and starts a new barrier interval ("epoch") that the race detector uses (memory.py). Because every warp
-reaches a barrier before any proceeds past it, executing the warps in lockstep between barriers is one legal
-schedule; races are detected from the epoch bookkeeping, not from the schedule.
+thread. Because every warp reaches a barrier before any proceeds past it, executing the warps in lockstep between
+barriers is one legal schedule; races are detected from vector clocks (memory.py), not from the schedule.
+
+Kernels that wait on each other inside the CTA (``mbarrier`` waits, named barriers with a thread count, ``bar.arrive``,
+``setmaxnreg``: warp-specialized pipelines) cannot run in one lockstep pass: a producer warpgroup's loop blocks on an
+"empty" barrier that only the consumers, still waiting in the other branch, would release. Those kernels run as
+contexts (``Context``): one per warpgroup when the kernel has warpgroup-collective instructions (wgmma, setmaxnreg),
+else one per warp. Each context executes the whole kernel body for its threads (its own mask, loop stack, variables
+and register buffers; shared memory, mbarriers and the async units are the CTA's), in its own Python thread, and the
+``Scheduler`` runs exactly one context at a time: a context runs until it blocks (a wait whose condition does not
+hold yet), then the next runnable context in round-robin order runs. When no context can run and some have not
+finished, the CTA has deadlocked: the blocked waits are reported (barrier, phase, arrival / transaction counts and the
+waiting warps). Warps of one context stay in lockstep, so a kernel in which two warps of the same warpgroup wait on
+each other is reported as a deadlock.
 
 Shared memory: static allocations at their ``align`` (``alignas`` in the generated CUDA), then the dynamic pool at
 the largest ``align=`` of its views (at least 128): shared-window addresses are byte offsets from the CTA's shared
@@ -19,6 +30,8 @@ is ``compiler``; what the instructions do is ``mmaemit.ptx``, bound to this stat
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..errors import UnsupportedConfigError
@@ -26,7 +39,8 @@ from ..layouts import banks as layout_banks
 from .diagnostics import ERROR_KINDS, BankConflictStat, Diagnostic
 from .memory import SHARED_RID, SharedMemory
 
-__all__ = ["Site", "CpAsyncQueue", "CTAState", "Recorder", "cta_barrier", "run_launch"]
+__all__ = ["Site", "CpAsyncQueue", "CTAState", "Recorder", "Context", "Scheduler", "NamedBarriers", "cta_barrier",
+           "named_barrier", "block", "run_launch", "CONTEXT_WARPS"]
 
 
 class Site:
@@ -74,11 +88,26 @@ class CpAsyncQueue:
 
 
 class CTAState:
-    """One CTA's run-time state: slot values (``env``), buffer bindings (``bufs``), the activity ``mask``, thread
-    indices, barrier ``epoch``, shared memory, cp.async queue, wgmma state (``wg``) and the recorder (``rec``)."""
+    """The run-time state one context of a CTA sees: slot values (``env``), buffer bindings (``bufs``), the activity
+    ``mask``, thread indices and the loop stack are the context's; shared memory, the cp.async queue, wgmma state
+    (``wg``), mbarriers (``mb``), TMA stores in flight (``bulk``), register budgets (``regs``), named barriers
+    (``bars``), the scheduler (``sched``, None when the CTA runs as one context) and the recorder (``rec``) are the
+    CTA's."""
 
-    __slots__ = ("env", "bufs", "mask", "T", "W", "tid", "warp_of", "lane_of", "epoch", "cta", "loops", "smem",
-                 "regions", "cp", "rec", "axes", "tid2d", "wg")
+    __slots__ = ("env", "bufs", "mask", "T", "W", "tid", "warp_of", "lane_of", "cta", "loops", "smem", "regions", "cp",
+                 "rec", "axes", "tid2d", "wg", "mb", "bulk", "regs", "bars", "sched", "ctx", "units")
+
+    def fork(self, ctx):
+        """The state of context ``ctx``: shares the CTA's units, copies the variables, owns its mask and loops."""
+        st = CTAState()
+        for name in CTAState.__slots__:
+            setattr(st, name, getattr(self, name, None))
+        st.env = list(self.env)
+        st.bufs = list(self.bufs)
+        st.loops = []
+        st.mask = ctx.mask
+        st.ctx = ctx
+        return st
 
 
 class Recorder:
@@ -149,16 +178,241 @@ class Recorder:
 
 
 # ======================================================================================================================
+# contexts and the scheduler
+# ======================================================================================================================
+
+#: warps per context: a warpgroup when the kernel has warpgroup-collective instructions, else a warp
+CONTEXT_WARPS = {"warpgroup": 4, "warp": 1}
+
+
+class _Abort(BaseException):
+    """Unwinds a blocked context when the CTA is abandoned (deadlock reported, or another context failed)."""
+
+
+class Context:
+    """Warps executing the kernel in lockstep in their own Python thread (see the module docstring)."""
+
+    def __init__(self, index, warps, T):
+        self.index = index
+        self.warps = list(warps)
+        self.threads = (np.asarray(self.warps)[:, None] * 32 + np.arange(32)).reshape(-1)
+        mask = np.zeros(T, bool)
+        mask[self.threads] = True
+        self.mask = None if mask.all() else mask
+        self.state = "ready"          # ready | running | blocked | done
+        self.wait = None              # (kind, ready(), describe(), site, st) while blocked
+        self.sem = threading.Semaphore(0)
+        self.error = None
+        self.st = None
+
+    def name(self) -> str:
+        w = self.warps
+        return f"warp {w[0]}" if len(w) == 1 else f"warps {w[0]}-{w[-1]}"
+
+
+class Scheduler:
+    """Runs a CTA's contexts one at a time, switching at blocking waits; detects deadlocks."""
+
+    def __init__(self, contexts):
+        self.contexts = contexts
+        self.main = threading.Semaphore(0)
+        self.aborting = False
+        self.last = -1
+
+    def live_threads(self) -> int:
+        """Threads of the contexts that have not finished (a count-less CTA barrier waits for these)."""
+        return sum(len(c.threads) for c in self.contexts if c.state != "done")
+
+    def block(self, st, kind, ready, describe, site):
+        """Called by a running context: wait until ``ready()`` holds, letting the other contexts run."""
+        if ready():
+            return
+        ctx = st.ctx
+        ctx.wait = (kind, ready, describe, site, st)
+        ctx.state = "blocked"
+        self.main.release()
+        ctx.sem.acquire()
+        if self.aborting:
+            raise _Abort()
+        ctx.state = "running"
+        ctx.wait = None
+
+    def _thread_main(self, ctx, body):
+        ctx.sem.acquire()
+        try:
+            if not self.aborting:
+                with np.errstate(all="ignore"):
+                    body(ctx.st)
+        except _Abort:
+            pass
+        except BaseException as e:     # handed to the main thread, which re-raises it
+            ctx.error = e
+        finally:
+            ctx.state = "done"
+            self.main.release()
+
+    def _resume(self, ctx):
+        ctx.state = "running"
+        ctx.sem.release()
+        self.main.acquire()
+
+    def _abort(self):
+        self.aborting = True
+        for c in self.contexts:
+            if c.state != "done":
+                c.sem.release()
+                self.main.acquire()
+
+    def run(self, body, rec):
+        """Run ``body(st)`` for every context until all finish (or a deadlock / error ends the CTA)."""
+        threads = [threading.Thread(target=self._thread_main, args=(c, body), daemon=True) for c in self.contexts]
+        for t in threads:
+            t.start()
+        try:
+            n = len(self.contexts)
+            while True:
+                runnable = [c for c in self.contexts
+                            if c.state == "ready" or (c.state == "blocked" and c.wait[1]())]
+                if not runnable:
+                    if all(c.state == "done" for c in self.contexts):
+                        break
+                    self._report_deadlock(rec)
+                    break
+                c = min(runnable, key=lambda x: (x.index - self.last - 1) % n)
+                self.last = c.index
+                self._resume(c)
+                if c.error is not None:
+                    raise c.error
+        finally:
+            if any(c.state != "done" for c in self.contexts):
+                self._abort()
+            for t in threads:
+                t.join()
+
+    def _report_deadlock(self, rec):
+        blocked = [c for c in self.contexts if c.state == "blocked"]
+        budget = [c for c in blocked if c.wait[0] == "setmaxnreg"]
+        first = (budget or blocked)[0]
+        kind, _ready, describe, site, st = first.wait
+        done = [c.name() for c in self.contexts if c.state == "done"]
+        waits = "; ".join(f"{c.name()} wait in {c.wait[2]()}" for c in blocked)
+        tail = f" ({', '.join(done)} finished)" if done else ""
+        if budget:
+            others = "; ".join(f"{c.name()} wait in {c.wait[2]()}" for c in blocked if c is not first)
+            rec.fault(st, "register_budget", site,
+                      f"setmaxnreg can never be satisfied: {describe()}; no warpgroup releases registers with "
+                      f"setmaxnreg.dec any more{tail}" + (f". Also blocked: {others}" if others else ""),
+                      thread=int(first.threads[0]))
+            return
+        rec.fault(st, "deadlock", site, f"deadlock: no warp can make progress{tail}. {waits}",
+                  thread=int(first.threads[0]))
+
+
+def block(st, kind, ready, describe, site):
+    """Wait until ``ready()`` holds. With one context nothing else can run: a wait that does not hold is a
+    deadlock, reported at once (and the kernel is abandoned by an error in raise mode)."""
+    if st.sched is not None:
+        st.sched.block(st, kind, ready, describe, site)
+        return True
+    if ready():
+        return True
+    st.rec.fault(st, "register_budget" if kind == "setmaxnreg" else "deadlock", site,
+                 f"deadlock: the CTA's only context waits in {describe()}, which no other warp can complete",
+                 thread=int(np.nonzero(st.mask)[0][0]) if st.mask is not None else 0)
+    return False
+
+
+# ======================================================================================================================
 # barriers
 # ======================================================================================================================
 
+class NamedBarriers:
+    """The CTA's 16 named barriers (``bar.sync`` / ``bar.arrive`` id, count; id 0 without a count is
+    ``__syncthreads``). Arrivals count per warp (32 threads each)."""
+
+    def __init__(self):
+        self.state = {}
+
+    def entry(self, bar_id):
+        e = self.state.get(bar_id)
+        if e is None:
+            e = self.state[bar_id] = {"arrived": 0, "expected": None, "vc": None, "waiters": [], "gen": 0,
+                                      "warps": []}
+        return e
+
+
+def _complete_barrier(st, e):
+    clocks = st.smem.clocks
+    for w in e["waiters"]:
+        clocks.acquire(w, e["vc"])
+    e.update(arrived=0, expected=None, vc=None, waiters=[], warps=[], gen=e["gen"] + 1)
+
+
+def named_barrier(st, site, bar_id, count, what, wait=True):
+    """``bar.sync`` (``wait``) / ``bar.arrive`` on named barrier ``bar_id`` expecting ``count`` threads (None: every
+    live thread of the CTA). Releases the arriving warps' knowledge; waiters acquire everyone's at completion."""
+    act = st.tid if st.mask is None else np.nonzero(st.mask)[0]
+    if len(act) == 0:
+        return
+    m = np.zeros(st.T, bool)
+    m[act] = True
+    per_warp = m.reshape(st.W, 32)
+    part = per_warp.any(axis=1) & ~per_warp.all(axis=1)
+    if part.any():
+        w = int(np.argmax(part))
+        st.rec.fault(st, "divergence", site, f"{what} executed by {int(per_warp[w].sum())} of 32 lanes of warp {w}: "
+                     f"barriers count whole warps", thread=w * 32 + int(np.argmin(per_warp[w])))
+    warps = [int(w) for w in np.nonzero(per_warp.any(axis=1))[0]]
+    if count is None and st.ctx is not None and st.mask is not None and not np.array_equal(st.mask, st.ctx.mask):
+        n = int(st.mask.sum())
+        st.rec.fault(st, "divergence", site, f"{what} reached by {n} of the {len(st.ctx.threads)} threads of "
+                     f"{st.ctx.name()}: every thread of the CTA must reach the barrier (deadlock / undefined behaviour "
+                     f"on the GPU)", thread=int(np.argmin(st.mask[st.ctx.threads]) + st.ctx.threads[0]))
+        warps = list(st.ctx.warps)
+    e = st.bars.entry(bar_id)
+    clocks = st.smem.clocks
+    for w in warps:
+        snap = clocks.release(w)
+        e["vc"] = snap if e["vc"] is None else np.maximum(clocks.widen(e["vc"]), clocks.widen(snap))
+    e["arrived"] += 32 * len(warps)
+    e["warps"] += warps
+    if wait:
+        e["waiters"] += warps
+    if count is not None:
+        e["expected"] = int(count)
+    gen = e["gen"]
+    st.rec.count("barriers")
+
+    def expected():
+        return e["expected"] if e["expected"] is not None else st.sched.live_threads()
+
+    def ready():
+        if e["gen"] > gen:
+            return True
+        if e["arrived"] >= expected():
+            _complete_barrier(st, e)
+            return True
+        return False
+
+    def describe():
+        return (f"{what} (barrier {bar_id}): {e['arrived']} of {expected()} threads arrived "
+                f"(warps {', '.join(map(str, e['warps']))})")
+    if ready() or not wait:
+        return
+    block(st, "barrier", ready, describe, site)
+
+
 def cta_barrier(st, site, what):
+    """``__syncthreads`` / ``bar.sync 0``: every thread of the CTA."""
+    if st.sched is not None:
+        named_barrier(st, site, 0, None, what)
+        return
     if st.mask is not None and not st.mask.all():
         n = int(st.mask.sum())
         st.rec.fault(st, "divergence", site, f"{what} reached by {n} of {st.T} threads: every thread of the CTA "
                      f"must reach the barrier (deadlock / undefined behaviour on the GPU)",
                      thread=int(np.argmin(st.mask)))
-    st.epoch += 1
+    st.smem.clocks.barrier(np.arange(st.W))
     st.rec.count("barriers")
 
 
@@ -205,6 +459,8 @@ def run_launch(kp, args, dims, rec, regions, source_shared_names):
                   f"{kp.name}: the interpreter places the dynamic shared pool {kp.dyn_align}-byte aligned (after "
                   f"{kp.static_smem} bytes of static shared memory) as its views ask, but the generated CUDA declares "
                   f"the pool with a smaller alignment: on the GPU it may start unaligned")
+    concurrent = kp.needs_contexts(T)
+    group = CONTEXT_WARPS["warpgroup" if kp.warpgroup_collective else "warp"]
     with np.errstate(all="ignore"):
         for z in range(bz):
             for y in range(by):
@@ -219,20 +475,30 @@ def run_launch(kp, args, dims, rec, regions, source_shared_names):
                     st.env = [None] * kp.nslots
                     st.bufs = [None] * len(kp.bufs)
                     st.mask = None
-                    st.epoch = 0
                     st.loops = []
-                    st.smem = SharedMemory(smem_total, names)
+                    st.smem = SharedMemory(smem_total, names, W)
                     st.smem.dyn_offset = dyn_offset
                     st.regions = dict(regions)
                     st.regions[SHARED_RID] = st.smem
                     st.cp = CpAsyncQueue(T)
-                    st.wg = None
+                    st.wg = st.mb = st.bulk = st.regs = st.sched = st.ctx = None
+                    st.units = {}
+                    st.bars = NamedBarriers()
                     st.rec = rec
                     for slot, a in zip(kp.param_slots, args):
                         st.env[slot] = a
                     for setup in kp.cta_setup:
                         setup(st)
-                    kp.body(st)
+                    if concurrent:
+                        contexts = [Context(i, range(w0, min(w0 + group, W)), T)
+                                    for i, w0 in enumerate(range(0, W, group))]
+                        st.sched = Scheduler(contexts)
+                        for c in contexts:
+                            c.st = st.fork(c)
+                        st.sched.run(kp.body, rec)
+                        rec.count("contexts", len(contexts))
+                    else:
+                        kp.body(st)
                     for finish in kp.cta_finish:
                         finish(st)
                     rec.count("ctas")

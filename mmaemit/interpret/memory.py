@@ -5,18 +5,26 @@ Addresses: a generic pointer is ``(region_id << 40) | byte_offset``; a shared-wi
 
 Shared memory shadow state, per byte, used for the diagnostics:
 
-* ``init``: written at least once (by a store, stmatrix, or a landed cp.async);
-* ``w_epoch``/``w_warp``: barrier interval and warp of the last write (a cp.async counts as a write when issued and
-  again when its data lands at the issuing thread's wait);
-* ``r_epoch``/``r_mask``: barrier interval of the last reads and the set of warps that read in it;
+* ``init``: written at least once (by a store, stmatrix, a landed cp.async or a TMA load);
+* ``w_warp``/``w_clock``: the last writer (a warp, or the TMA agent of an mbarrier, see below) and its own clock at the
+  write (a cp.async counts as a write when issued and again when its data lands at the issuing thread's wait);
+* ``r_clock``: per warp, its own clock at its last read of the byte (0: never read);
 * ``pending``: cp.async copies issued into the byte whose data has not landed yet;
 * ``wg_reading``: pending ``wgmma.mma_async`` operations that read the byte (writing it is a hazard);
-* ``unfenced``: written through the generic proxy since the writing warp's last ``fence.proxy.async`` (wgmma reads
-  through the async proxy).
+* ``bulk_reading``: TMA stores (``cp.async.bulk.tensor`` to global) whose read of the byte has not been waited for;
+* ``unfenced``: written through the generic proxy since the writing warp's last ``fence.proxy.async`` (wgmma and TMA
+  stores read through the async proxy);
+* per 16-byte chunk, ``tma_origin``/``tma_map``: for chunks a TMA load wrote, the global byte offset of the chunk's
+  first element and which tensor map (for checking that a wgmma descriptor reads the tile the way TMA laid it out).
 
-Two accesses race when they touch the same byte from different warps in the same barrier interval (no
-``bar.sync``/``__syncthreads`` between them) and at least one is a write. Within a warp, accesses are ordered by
-program order (lanes execute in lockstep in this model).
+Ordering is tracked with vector clocks (``VectorClocks``): every warp has a clock that advances at each of its release
+operations (barrier arrival, mbarrier arrive, TMA issue); a barrier, or an mbarrier phase a warp waits for, passes the
+releasers' knowledge to the acquirers. Two accesses race when they touch the same byte from different warps, at least
+one is a write, and the second does not know the first (no barrier or mbarrier chain between them). With
+``bar.sync``/``__syncthreads`` alone this is exactly "same barrier interval". Within a warp, accesses are ordered by
+program order (lanes execute in lockstep in this model). A TMA load's writes belong to the "TMA agent" of the mbarrier
+it signals: only waiting for the phase it completes (or learning of it through later synchronization) orders a read
+after them.
 """
 from __future__ import annotations
 
@@ -54,21 +62,89 @@ class Region:
         return v
 
 
+class VectorClocks:
+    """Vector clocks of the CTA's warps, plus one column per agent (the TMA agent of each mbarrier).
+
+    ``vc[w]`` is what warp w knows: ``vc[w, x]`` = the latest clock of writer x (warp or agent) ordered before w's
+    next access. A warp's own clock ``vc[w, w]`` starts at 1 and advances at each release."""
+
+    def __init__(self, warps: int):
+        self.W = warps
+        self.vc = np.zeros((warps, warps), np.int32)
+        self.vc[np.arange(warps), np.arange(warps)] = 1
+        self.agent_clock = []         # next clock of each agent
+        self.agent_names = []
+
+    @property
+    def width(self) -> int:
+        return self.vc.shape[1]
+
+    def add_agent(self, name: str) -> int:
+        """A new writer column (e.g. the TMA agent of an mbarrier); returns its index."""
+        self.vc = np.concatenate([self.vc, np.zeros((self.W, 1), np.int32)], axis=1)
+        self.agent_clock.append(0)
+        self.agent_names.append(name)
+        return self.vc.shape[1] - 1
+
+    def widen(self, v):
+        """A knowledge vector padded with zeros to the current width."""
+        v = np.asarray(v, np.int32)
+        if v.shape[-1] == self.width:
+            return v
+        return np.concatenate([v, np.zeros(v.shape[:-1] + (self.width - v.shape[-1],), np.int32)], axis=-1)
+
+    def own(self, w):
+        """Own clocks of warps ``w`` (array)."""
+        w = np.asarray(w)
+        return self.vc[w, w]
+
+    def release(self, w: int):
+        """Warp ``w`` publishes what it knows (the returned copy) and advances its own clock."""
+        snap = self.vc[w].copy()
+        self.vc[w, w] += 1
+        return snap
+
+    def acquire(self, w: int, knowledge) -> None:
+        """Warp ``w`` learns ``knowledge`` (a vector from releases)."""
+        np.maximum(self.vc[w], self.widen(knowledge), out=self.vc[w])
+
+    def barrier(self, warps) -> None:
+        """A barrier among ``warps``: each learns what all of them knew, then advances its own clock."""
+        warps = np.asarray(warps, np.int64)
+        if len(warps) == 0:
+            return
+        joined = self.vc[warps].max(axis=0)
+        self.vc[warps] = joined
+        self.vc[warps, warps] += 1
+
+    def agent_tick(self, agent: int) -> int:
+        """The clock of the next operation of ``agent``."""
+        k = agent - self.W
+        self.agent_clock[k] += 1
+        return self.agent_clock[k]
+
+    def writer_name(self, x: int) -> str:
+        return f"warp {x}" if x < self.W else f"the TMA agent of {self.agent_names[x - self.W]}"
+
+
 class SharedMemory(Region):
     """One CTA's shared memory (static allocations first, then the dynamic pool) plus its shadow state."""
 
-    def __init__(self, nbytes: int, names):
+    def __init__(self, nbytes: int, names, warps: int = 1):
         super().__init__(SHARED_RID, "shared", "shared", np.full(max(nbytes, 1), POISON, np.uint8))
         n = self.data.size
         self.init = np.zeros(n, bool)
-        self.w_epoch = np.full(n, -1, np.int32)
         self.w_warp = np.full(n, -1, np.int16)
-        self.r_epoch = np.full(n, -1, np.int32)
-        self.r_mask = np.zeros(n, np.uint32)
+        self.w_clock = np.zeros(n, np.int32)
+        self.r_clock = np.zeros((n, max(warps, 1)), np.int32)
         self.pending = np.zeros(n, np.int16)
         self.wg_reading = np.zeros(n, np.int16)
+        self.bulk_reading = np.zeros(n, np.int16)
         self.unfenced = np.zeros(n, bool)
+        self.tma_origin = np.zeros(n // 16 + 1, np.int64)
+        self.tma_map = np.full(n // 16 + 1, -1, np.int32)
         self._scratch = np.zeros(n, np.int16)
+        self.clocks = VectorClocks(max(warps, 1))
         self.dyn_offset = 0           # byte offset of the dynamic pool (after the static allocations)
         self.names = names            # [(start, end, name, shape, dtype)] for describing addresses
 
@@ -93,44 +169,57 @@ class SharedMemory(Region):
 
     # -- checks: each returns a boolean mask over the flat byte list it was given ------------------------------
 
-    def read_hazards(self, b, w, epoch):
-        """(pending, uninitialized, race) masks for reads of bytes ``b`` by warps ``w`` (same shape)."""
+    def read_hazards(self, b, w):
+        """(pending, uninitialized, unordered) masks for reads of bytes ``b`` by warps ``w`` (same shape):
+        cp.async data not landed, never written, or written by another warp / agent the reader does not know of."""
         pend = self.pending[b] > 0
         uninit = ~self.init[b] & ~pend
-        race = (self.w_epoch[b] == epoch) & (self.w_warp[b] != w) & (self.w_warp[b] >= 0)
+        x = self.w_warp[b].astype(np.int64)
+        known = self.clocks.vc[np.asarray(w, np.int64), np.maximum(x, 0)]
+        race = (x >= 0) & (x != w) & (known < self.w_clock[b])
         return pend, uninit, race
 
-    def note_reads(self, b, w, epoch):
-        stale = self.r_epoch[b] != epoch
-        if np.any(stale):
-            self.r_mask[b[stale]] = 0
-        self.r_epoch[b] = epoch
-        np.bitwise_or.at(self.r_mask, b, (np.uint32(1) << w.astype(np.uint32)))
+    def note_reads(self, b, w):
+        w = np.asarray(w, np.int64)
+        self.r_clock[b, w] = self.clocks.vc[w, w]
 
-    def write_hazards(self, b, w, epoch):
-        """Race mask for writes of bytes ``b`` by warps ``w``: write-after-write or write-after-read from another
-        warp in this barrier interval, or two warps writing the same byte in this instruction."""
-        ww = (self.w_epoch[b] == epoch) & (self.w_warp[b] != w) & (self.w_warp[b] >= 0)
-        other_readers = self.r_mask[b] & ~(np.uint32(1) << w.astype(np.uint32))
-        war = (self.r_epoch[b] == epoch) & (other_readers != 0)
+    def write_hazards(self, b, w, knowledge=None):
+        """Race mask for writes of bytes ``b`` by writers ``w`` (warps or an agent; ``knowledge``: the writer's
+        knowledge vector when it is not a warp's current one): a write or read by another warp the writer does not
+        know of, or two warps writing the same byte in this instruction."""
+        w = np.broadcast_to(np.asarray(w, np.int64), np.shape(b))
+        know = self.clocks.vc[np.minimum(w, self.clocks.W - 1)] if knowledge is None else \
+            np.broadcast_to(self.clocks.widen(knowledge), (len(b), self.clocks.width))
+        x = self.w_warp[b].astype(np.int64)
+        ww = (x >= 0) & (x != w) & (know[np.arange(len(b)), np.maximum(x, 0)] < self.w_clock[b])
+        W = self.r_clock.shape[1]
+        others = np.arange(W)[None, :] != w[:, None]
+        war = ((self.r_clock[b] > know[:, :W]) & others).any(axis=1)
         self._scratch[b] = w
         dup = self._scratch[b] != w
         return ww | war | dup
 
-    def note_writes(self, b, w, epoch, initialize=True):
-        self.w_epoch[b] = epoch
+    def note_writes(self, b, w, clock=None, initialize=True, generic=True):
+        """Record writes of bytes ``b`` by writers ``w`` at ``clock`` (default: the warps' own clocks); ``generic``:
+        through the generic proxy (needs a fence.proxy.async before async-proxy readers)."""
+        w = np.broadcast_to(np.asarray(w, np.int64), np.shape(b))
+        self.w_clock[b] = self.clocks.own(w) if clock is None else clock
         self.w_warp[b] = w
-        self.unfenced[b] = True
+        self.unfenced[b] = generic
         if initialize:
             self.init[b] = True
+        if generic:
+            self.tma_map[np.asarray(b) // 16] = -1
 
-    def other_warp(self, byte: int, w: int, epoch: int, kind: str) -> str:
-        """Text naming the conflicting access recorded on ``byte`` (for race messages)."""
+    def conflicts(self, byte: int, w: int, kind: str, knowledge=None) -> str:
+        """Text naming the accesses on ``byte`` that ``w`` (reading or writing, per ``kind``) is not ordered after."""
+        know = self.clocks.vc[w] if knowledge is None else self.clocks.widen(knowledge)
         parts = []
-        if self.w_epoch[byte] == epoch and self.w_warp[byte] != w and self.w_warp[byte] >= 0:
-            parts.append(f"a write by warp {int(self.w_warp[byte])}")
-        if kind == "write" and self.r_epoch[byte] == epoch:
-            readers = [i for i in range(32) if (int(self.r_mask[byte]) >> i) & 1 and i != w]
+        x = int(self.w_warp[byte])
+        if x >= 0 and x != w and know[x] < self.w_clock[byte]:
+            parts.append(f"a write by {self.clocks.writer_name(x)}")
+        if kind == "write":
+            readers = [r for r in range(self.r_clock.shape[1]) if r != w and self.r_clock[byte, r] > know[r]]
             if readers:
                 parts.append(f"a read by warp{'s' if len(readers) > 1 else ''} {', '.join(map(str, readers))}")
         return " and ".join(parts) or "an access by another warp in this instruction"

@@ -13,7 +13,7 @@ from ..errors import UnsupportedConfigError, choices
 from ..ptx import UINT_OF_SIZE
 from .access import (active_threads, as_thread_vector, full_warps, global_bytes, global_write, proxy_fence,
                      shared_addresses, shared_check, shared_rows)
-from .machine import cta_barrier
+from .machine import cta_barrier, named_barrier
 from .ptxcall import family_registry
 
 __all__ = ["FAMILIES"]
@@ -175,7 +175,7 @@ def _land(st, thr_waiting, keep_newest):
             smem.data[b] = op["data"][done]
             np.add.at(smem.pending, b.reshape(-1), -1)
             w = np.repeat(st.warp_of[thr[done]], op["size"]).astype(np.int16)
-            smem.note_writes(b.reshape(-1), w, st.epoch, initialize=True)
+            smem.note_writes(b.reshape(-1), w, initialize=True)
         if not done.all():
             keep = ~done
             remaining.append({**op, "thr": thr[keep], "group": op["group"][keep], "dst": op["dst"][keep],
@@ -213,18 +213,24 @@ def _cp_wait_all(kp, ops, mod, site):
     return run
 
 
-@_family("bar_sync", "barrier_sync", "bar_sync_count", "barrier_sync_count")
+@_family("bar_sync", "barrier_sync", "bar_sync_count", "barrier_sync_count", "bar_arrive", "barrier_arrive")
 def _bar(kp, ops, mod, site):
-    fcount = ops.value("b") if ops.nodes("b") else None
-    what = "bar.sync" if mod.get("aligned", "") == "" else "barrier.sync.aligned"
+    fid = ops.value("a")
+    count_node = ops.nodes("b")[0] if ops.nodes("b") else None
+    fcount = kp.expr(count_node) if count_node is not None else None
+    arrive = ops.family.endswith("arrive")
+    what = f"{'bar' if ops.family.startswith('bar_') else 'barrier'}.{'arrive' if arrive else 'sync'}"
+    if arrive:
+        kp.blocking = True              # a producer / consumer hand-off: only meaningful with concurrent contexts
+    elif count_node is not None:
+        kp.barrier_counts.append(kp.const(count_node))
 
     def run(st):
-        if fcount is not None:
-            c = int(np.asarray(fcount(st)).flat[0])
-            if c != st.T:
-                raise UnsupportedConfigError(f"{what} with a thread count of {c} (named barriers over part of the CTA)"
-                                             f" is not supported by the interpreter; the CTA has {st.T} threads")
-        cta_barrier(st, site, what)
+        c = None if fcount is None else int(np.asarray(fcount(st)).flat[0])
+        if st.sched is None:            # one lockstep context: every barrier is the whole CTA (counts checked above)
+            cta_barrier(st, site, what)
+            return
+        named_barrier(st, site, int(np.asarray(fid(st)).flat[0]), c, what, wait=not arrive)
     return run
 
 

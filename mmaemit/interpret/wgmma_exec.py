@@ -32,13 +32,13 @@ import numpy as np
 from .. import isa
 from ..errors import UnsupportedConfigError
 from ..ptx import wgmma as W
-from .access import as_thread_vector, cvta_to_shared, shared_check
+from .access import (WARPGROUP, as_thread_vector, cvta_to_shared, full_warpgroups, shared_check,
+                     warpgroup_threads)
 from .ptxcall import decode_call, family_registry, register_writer
 
 #: family name -> compile function (filled by ``@_family`` below)
 FAMILIES, _family = family_registry()
 
-WARPGROUP = 128
 #: kernels whose register buffers are wgmma operands get these hooks; see ``operand_buffers``
 _MMA_FAMILIES = ("wgmma_f16_rs", "wgmma_bf16_rs", "wgmma_f16_ss", "wgmma_bf16_ss")
 _ALL_MMA_FAMILIES = tuple(f"wgmma_{t}_{form}" for t in ("f16", "f16_f16acc", "bf16", "tf32", "fp8", "fp8_f16acc",
@@ -148,30 +148,6 @@ def register_access(st, slot, idx, site, name, write, thr=None):
 # helpers
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _warpgroups(st, site, what):
-    """(warpgroup indices, thread indices) of the fully active warpgroups; partial ones are divergence errors."""
-    nwg = st.W // 4
-    act = np.ones(st.T, bool) if st.mask is None else st.mask
-    tail = act[nwg * WARPGROUP:]
-    if tail.any():
-        t = nwg * WARPGROUP + int(np.argmax(tail))
-        st.rec.fault(st, "divergence", site, f"{what} executed by warp {t // 32}, which is not part of a complete "
-                     f"warpgroup ({st.W} warps per CTA): wgmma needs 4 consecutive warps", thread=t)
-    m = act[: nwg * WARPGROUP].reshape(nwg, WARPGROUP)
-    full = m.all(axis=1)
-    part = m.any(axis=1) & ~full
-    if part.any():
-        g = int(np.argmax(part))
-        st.rec.fault(st, "divergence", site, f"{what} executed by {int(m[g].sum())} of the {WARPGROUP} threads of "
-                     f"warpgroup {g}: .sync.aligned wgmma instructions need every thread of the warpgroup",
-                     thread=g * WARPGROUP + int(np.argmin(m[g])))
-    return np.nonzero(full)[0]
-
-
-def _wg_threads(g):
-    return g * WARPGROUP + np.arange(WARPGROUP)
-
-
 class _Reg:
     """A register operand (an element of a local buffer), read and written directly (no hazard hooks: the wgmma
     itself accesses it)."""
@@ -225,6 +201,34 @@ def _uniform(st, site, vals, t, what):
     return v[0]
 
 
+def _check_tma_layout(st, site, d, addr, rows, t, what, operand):
+    """When TMA loads (one tensor map) wrote every chunk the descriptor reads, the chunks must hold consecutive K
+    bytes of consecutive rows of the tensor: global offset = origin + row * pitch + 16 * chunk. A swizzle or box the
+    descriptor does not assume breaks that (``tma_layout_mismatch``)."""
+    smem = st.smem
+    inside = (addr >= 0) & (addr + 16 <= smem.nbytes)
+    if not inside.all():
+        return
+    idx = addr // 16
+    maps = smem.tma_map[idx]
+    if maps[0] < 0 or (maps != maps[0]).any():
+        return
+    o = smem.tma_origin[idx].reshape(rows, -1)
+    pitch = int(o[1, 0] - o[0, 0]) if rows > 1 else 0
+    want = o[0, 0] + pitch * np.arange(rows)[:, None] + 16 * np.arange(o.shape[1])[None, :]
+    bad = o != want
+    if not bad.any():
+        return
+    r, j = (int(x) for x in np.argwhere(bad)[0])
+    tm = st.units["tma_maps"][int(maps[0])]
+    st.rec.fault(st, "tma_layout_mismatch", site,
+                 f"{what}: the {operand} descriptor ({d.swizzle_bytes or 'no'}-byte swizzle, LBO {d.lbo}, SBO {d.sbo}) "
+                 f"reads its row {r}, K bytes {16 * j}..{16 * j + 15} at shared byte {int(addr[r * o.shape[1] + j])}, "
+                 f"where the TMA load put global byte {int(o[r, j])} of the tensor, not {int(want[r, j])} (rows "
+                 f"{pitch} bytes apart, as rows 0 and 1 are): the box / swizzle of {tm.describe()} disagrees with the "
+                 f"layout the descriptor assumes", thread=int(t[0]), buffer="shared", index=int(addr[r * o.shape[1] + j]))
+
+
 def _read_matrix(st, site, desc_bits, t, rows, what, operand):
     """(rows, 16) uint16 elements of a K-major k16 operand read through a matrix descriptor, with the memory checks.
     Returns (elements, byte addresses (N,) read) for the pending-read bookkeeping."""
@@ -234,6 +238,7 @@ def _read_matrix(st, site, desc_bits, t, rows, what, operand):
                                      f"implements base offset 0 (swizzle patterns starting on their repeat boundary)")
     addr = W.kmajor_chunk_addresses(d, rows).reshape(-1)          # (rows * 2,)
     smem = st.smem
+    _check_tma_layout(st, site, d, addr, rows, t, what, operand)
     bad = (addr < 0) | (addr + 16 > smem.nbytes)
     if bad.any():
         k = int(np.argmax(bad))
@@ -290,7 +295,7 @@ def _wgmma_mma(kp, ops, mod, site):
     ar, ac = W.wgmma_a_coords(atype)
 
     def run(st):
-        wgs = _warpgroups(st, site, what)
+        wgs = full_warpgroups(st, site, what)
         if len(wgs) == 0:
             return
         state = st.wg
@@ -298,7 +303,7 @@ def _wgmma_mma(kp, ops, mod, site):
         adesc = None if rs else as_thread_vector(st, np.asarray(fa_desc(st), np.uint64))
         scale_d = as_thread_vector(st, np.asarray(fscale(st)).astype(bool))
         for g in wgs:
-            t = _wg_threads(g)
+            t = warpgroup_threads(g)
             regs = [(r, r.rows(st, t, site)) for r in d_regs + a_regs]
             if not state.fenced[g]:
                 st.rec.fault(st, "wgmma_missing_fence", site, f"{what}: warpgroup {g} issues its first "
@@ -372,10 +377,10 @@ def _wgmma_fence(kp, ops, mod, site):
     isa.require_feature("wgmma", kp.arch)
 
     def run(st):
-        wgs = _warpgroups(st, site, "wgmma.fence.sync.aligned")
+        wgs = full_warpgroups(st, site, "wgmma.fence.sync.aligned")
         state = st.wg
         state.fenced[wgs] = True
-        t = np.concatenate([_wg_threads(g) for g in wgs]) if len(wgs) else np.zeros(0, np.int64)
+        t = np.concatenate([warpgroup_threads(g) for g in wgs]) if len(wgs) else np.zeros(0, np.int64)
         for touched in state.touched.values():
             touched[:, t] = False
     return run
@@ -386,7 +391,7 @@ def _wgmma_commit(kp, ops, mod, site):
     isa.require_feature("wgmma", kp.arch)
 
     def run(st):
-        st.wg.committed[_warpgroups(st, site, "wgmma.commit_group.sync.aligned")] += 1
+        st.wg.committed[full_warpgroups(st, site, "wgmma.commit_group.sync.aligned")] += 1
     return run
 
 
@@ -396,7 +401,7 @@ def _wgmma_wait(kp, ops, mod, site):
     n = ops.imm("group")
 
     def run(st):
-        _retire(st, _warpgroups(st, site, f"wgmma.wait_group.sync.aligned {n}"), n)
+        _retire(st, full_warpgroups(st, site, f"wgmma.wait_group.sync.aligned {n}"), n)
     return run
 
 

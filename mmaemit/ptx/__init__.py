@@ -18,6 +18,11 @@ Modules (everything is also re-exported here):
 * ``mma`` - ``mma.sync``: fragment coordinates (from ``mmaemit.layouts``) and ``mma_sync``
 * ``movement`` - ``ldmatrix``, ``stmatrix``, ``shfl``
 * ``wgmma`` - Hopper ``wgmma.mma_async``: matrix descriptors, K-major canonical layouts, swizzle, ``wgmma_mma``
+* ``tma`` - tensor maps (``encode_tiled`` with the driver's validation rules) and ``cp.async.bulk.tensor`` box
+  geometry: ``box_element_offsets``, ``box_smem_addresses`` (dense box + Swizzle<b,4,3>), ``gather_box`` /
+  ``scatter_box`` (out-of-bounds fill / clipping)
+* ``mbarrier`` - the ``MBarrier`` state machine (arrivals, expect-tx / complete-tx, phase parity)
+* ``control`` - ``elect_sync``, ``setmaxnreg`` rules and the CTA register budget
 """
 from .bits import UINT_OF_SIZE, half_values, pack_b32, sint_type, split_b32, u32, uint_type
 from .floating import (SCALAR_TYPES, cvt, cvt_f8x2_to_f16x2, cvt_f32_to_f8x2, cvt_f32_to_x2, cvt_tf32, decode_f8,
@@ -27,6 +32,11 @@ from .mma import MMA_ELEMENT_BITS, mma_a_coords, mma_b_coords, mma_c_coords, mma
 from .movement import ldmatrix, shfl, stmatrix
 from .rounding import (canonical_nan, f32_to_bf16_bits, f32_to_f16_bits, round_directed, round_f64, round_sum_f32,
                        two_sum)
+from .control import REGISTERS_PER_CTA, SETMAXNREG_COUNTS, check_setmaxnreg, elect_sync, launch_register_cap
+from .mbarrier import MAX_COUNT as MBARRIER_MAX_COUNT
+from .mbarrier import MBarrier, MbarrierStateError
+from .tma import (TMA_DTYPES, TMA_SWIZZLE_BYTES, TensorMap, box_chunk_origins, box_element_offsets,
+                  box_smem_addresses, encode_tiled, gather_box, scatter_box)
 from .wgmma import (SWIZZLE_BYTES, WGMMA_K, WGMMA_M, MatrixDescriptor, decode_matrix_descriptor,
                     encode_matrix_descriptor, kmajor_chunk_addresses, swizzle_address, wgmma_a_coords,
                     wgmma_d_coords, wgmma_mma)
@@ -41,4 +51,8 @@ __all__ = [
     "ldmatrix", "stmatrix", "shfl",
     "MatrixDescriptor", "decode_matrix_descriptor", "encode_matrix_descriptor", "SWIZZLE_BYTES", "swizzle_address",
     "kmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma", "WGMMA_M", "WGMMA_K",
+    "TMA_DTYPES", "TMA_SWIZZLE_BYTES", "TensorMap", "encode_tiled", "box_element_offsets", "box_smem_addresses",
+    "gather_box", "scatter_box", "box_chunk_origins",
+    "MBarrier", "MbarrierStateError", "MBARRIER_MAX_COUNT",
+    "elect_sync", "check_setmaxnreg", "launch_register_cap", "REGISTERS_PER_CTA", "SETMAXNREG_COUNTS",
 ]

@@ -1,0 +1,384 @@
+"""The Hopper pipeline on the interpreter: tensor maps and TMA copies, mbarriers, warp-specialized contexts,
+setmaxnreg, and the diagnostics that go with them (each shown firing on a broken kernel and quiet on the correct one).
+
+References are independent of ``mmaemit.ptx.tma``: the box layout and swizzle are re-derived by plain loops in
+``interp_hopper_kernels.reference_box``; GEMMs are checked against float64 products.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import interp_hopper_kernels as K
+import mmaemit
+from mmaemit.errors import ArgumentError, LayoutError, UnsupportedConfigError
+from mmaemit.interpret import (DeadlockError, RegisterBudgetError, TmaBeforeWaitError, TmaLayoutError,
+                               interpret)
+from mmaemit.ptx import control, mbarrier, tma
+
+# ----------------------------------------------------------------------------------------------------------------------
+# mmaemit.ptx.tma: validation, box geometry, gather / scatter
+# ----------------------------------------------------------------------------------------------------------------------
+
+GOOD = dict(dtype="float16", global_address=0, global_dims=(64, 32), global_strides=(128,), box_dims=(64, 8),
+            element_strides=(1, 1))
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(global_dims=(), global_strides=(), box_dims=(), element_strides=()), ArgumentError, "rank 0; valid: 1..5"),
+    (dict(global_dims=(2,) * 6, global_strides=(16,) * 5, box_dims=(8,) * 6, element_strides=(1,) * 6), ArgumentError,
+     "rank 6"),
+    (dict(global_dims=(64, 0)), ArgumentError, "global dim 1 = 0"),
+    (dict(global_strides=(120,)), ArgumentError, "multiple of 16"),
+    (dict(global_strides=(1 << 40,)), ArgumentError, "below 2^40"),
+    (dict(global_address=8), ArgumentError, "16-byte aligned"),
+    (dict(box_dims=(64, 257)), LayoutError, "box dim 1 = 257; valid: 1..256"),
+    (dict(box_dims=(0, 8)), LayoutError, "box dim 0 = 0"),
+    (dict(element_strides=(1, 9)), LayoutError, "element stride 1 = 9; valid: 1..8"),
+    (dict(element_strides=(2, 1)), LayoutError, "innermost traversal stride must be 1"),
+    (dict(box_dims=(12, 8)), LayoutError, "24 bytes"),
+    (dict(box_dims=(64, 8), swizzle=2), LayoutError, "larger than the 64-byte swizzle span"),
+    (dict(swizzle=4), ArgumentError, "swizzle 4"),
+    (dict(dtype="int4"), UnsupportedConfigError, "tensor map dtype 'int4'"),
+    (dict(dtype="int32", oob_fill=1), ArgumentError, "needs a float dtype"),
+    (dict(interleave=1), UnsupportedConfigError, "interleaved layouts"),
+])
+def test_encode_tiled_names_the_broken_rule(change, error, words):
+    args = {**GOOD, **change}
+    kw = {k: args.pop(k) for k in ("swizzle", "oob_fill", "interleave") if k in args}
+    with pytest.raises(error, match=words.replace("^", r"\^").replace("(", r"\(")):
+        tma.encode_tiled(*args.values(), **kw)
+
+
+def test_encode_tiled_geometry():
+    m = tma.encode_tiled("bfloat16", 256, (100, 30, 7), (256, 256 * 30), (64, 9, 4), (1, 2, 3), swizzle=3)
+    assert m.rank == 3 and m.elem_bytes == 2 and m.swizzle_bytes == 128
+    assert m.box_extents == (64, 5, 2)                      # ceil(9 / 2), ceil(4 / 3)
+    assert m.box_bytes == 64 * 5 * 2 * 2 and m.inner_box_bytes == 128
+    assert m.byte_strides == (2, 256, 256 * 30)
+
+
+def _loop_offsets(m, coords):
+    """Independent loop: per box element (dimension 0 fastest) its global coordinates, in-tensor flag, byte offset."""
+    out = []
+    ext = [-(-b // e) for b, e in zip(m.box_dims, m.element_strides)]
+    for idx in itertools.product(*[range(e) for e in reversed(ext)]):
+        idx = idx[::-1]
+        g = [coords[d] + idx[d] * m.element_strides[d] for d in range(m.rank)]
+        inside = all(0 <= g[d] < m.global_dims[d] for d in range(m.rank))
+        off = g[0] * m.elem_bytes + sum(g[d] * m.global_strides[d - 1] for d in range(1, m.rank))
+        out.append((g, inside, off))
+    return out
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
+def test_box_element_offsets_match_a_loop(rank):
+    rng = np.random.default_rng(rank)
+    dims = [int(x) for x in rng.integers(3, 9, rank)]
+    dims[0] = 16
+    strides, s = [], 2 * dims[0]
+    for d in dims[1:]:
+        s = (s + 15) // 16 * 16 + 16 * int(rng.integers(0, 2))
+        strides.append(s)
+        s *= d
+    box = [8] + [int(x) for x in rng.integers(1, 6, rank - 1)]
+    es = [1] + [int(x) for x in rng.integers(1, 4, rank - 1)]
+    m = tma.encode_tiled("float16", 0, dims, strides, box, es)
+    for _ in range(4):
+        coords = [int(x) for x in rng.integers(-4, 12, rank)]
+        g, inb, off = tma.box_element_offsets(m, coords)
+        want = _loop_offsets(m, coords)
+        assert [list(x) for x in g] == [w[0] for w in want]
+        assert list(inb) == [w[1] for w in want]
+        assert list(off) == [w[2] for w in want]
+
+
+def test_gather_fills_outside_the_tensor_and_scatter_clips():
+    dims, strides = (8, 5), (32,)
+    glob = np.arange(5 * 32, dtype=np.uint8)
+    m = tma.encode_tiled("float16", 0, dims, strides, (8, 4), (1, 1))
+    data, inb, outside = tma.gather_box(m, glob, 0, (0, 3))              # rows 3, 4 inside; 5, 6 outside
+    assert not outside.any() and inb.reshape(4, 8).all(axis=1).tolist() == [True, True, False, False]
+    got = data.reshape(4, 16)
+    assert np.array_equal(got[:2], glob.reshape(5, 32)[3:5, :16]) and not got[2:].any()
+    mn = tma.encode_tiled("float32", 0, (4, 5), (16,), (4, 2), (1, 1), oob_fill=1)
+    d, _i, _o = tma.gather_box(mn, np.zeros(80, np.uint8), 0, (-2, 0))
+    vals = d.reshape(-1).view(np.float32).reshape(2, 4)
+    assert np.isnan(vals[:, :2]).all() and (vals[:, 2:] == 0).all()
+    out = np.zeros(5 * 32, np.uint8)
+    tma.scatter_box(m, out, 0, (0, 3), np.full((32, 2), 7, np.uint8))
+    assert (out.reshape(5, 32)[3:, :16] == 7).all() and not out.reshape(5, 32)[:3].any()
+    assert not out.reshape(5, 32)[:, 16:].any()
+
+
+@pytest.mark.parametrize("swizzle", [0, 1, 2, 3])
+def test_box_smem_addresses_are_the_swizzled_dense_box(swizzle):
+    span = K.SWIZZLE_SPAN[swizzle]
+    inner = max(span, 32) // 2
+    m = tma.encode_tiled("float16", 0, (inner, 40), (2 * inner,), (inner, 24), (1, 1), swizzle=swizzle)
+    for base in (0, 1024, 4096 + 128):
+        got = tma.box_smem_addresses(m, base)
+        want = K.swizzled(base + 2 * np.arange(inner * 24), span)
+        assert np.array_equal(got, want)
+        assert len(np.unique(got // 2)) == inner * 24          # a permutation of the box's elements
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# mmaemit.ptx.mbarrier and control
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_mbarrier_phase_needs_arrivals_and_transactions():
+    b = mbarrier.MBarrier(2)
+    assert b.phase_completed(1) and not b.phase_completed(0)        # the "preceding phase" of parity 1 is complete
+    b.complete_tx(100)                                               # a copy may land before its expect-tx
+    assert b.tx == -100
+    assert not b.arrive()
+    b.expect_tx(100)
+    assert b.tx == 0 and b.pending == 1
+    assert b.arrive()                                                # last arrival and tx-count 0: phase 0 completes
+    assert b.phase == 1 and b.pending == 2 and b.phase_completed(0) and not b.phase_completed(1)
+    b.expect_tx(64)
+    assert not b.arrive(2)                                           # arrivals done, 64 bytes outstanding
+    assert b.complete_tx(64) and b.phase == 2
+    assert not b.arrive(1, drop=True) and b.expected == 1            # dropping shrinks later phases
+    assert b.arrive() and b.pending == 1
+
+
+def test_mbarrier_rejects_undefined_states():
+    with pytest.raises(mbarrier.MbarrierStateError, match="valid: 1..1048575"):
+        mbarrier.MBarrier(0)
+    b = mbarrier.MBarrier(1)
+    with pytest.raises(mbarrier.MbarrierStateError, match="more arrivals"):
+        b.arrive(2)
+    with pytest.raises(mbarrier.MbarrierStateError, match="tx-count"):
+        b.expect_tx(1 << 21)
+
+
+def test_elect_sync_and_setmaxnreg_rules():
+    act = np.zeros((2, 32), bool)
+    act[0, 5:] = True
+    act[1, [3, 9]] = True
+    d, p = control.elect_sync(act, np.array([0xFFFFFFFF, 0xFFFFFFF0], np.uint32))
+    assert (d[0] == 5).all() and (d[1] == 9).all()                 # lane 3 is outside warp 1's member mask
+    assert np.argwhere(p).tolist() == [[0, 5], [1, 9]]
+    assert control.check_setmaxnreg("dec", 40, None) == 40
+    for bad, words in (((("inc", 20, None)), "valid: 24..256"), (("inc", 104, 120), "below"),
+                       (("dec", 200, 120), "above"), (("inc", 233, None), "steps of 8")):
+        with pytest.raises(ArgumentError, match=words):
+            control.check_setmaxnreg(*bad)
+    assert control.launch_register_cap(384) == 168 and control.launch_register_cap(128) == 256
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# TMA load / store kernels on the interpreter
+# ----------------------------------------------------------------------------------------------------------------------
+
+ELEM = {"float16": 2, "float32": 4}
+ROUNDTRIPS = {
+    "2d_128B": dict(dims=(64, 48), strides=(128,), box=(64, 32), es=(1, 1), coords=(0, 8), store=(0, 16),
+                    swizzle=3),
+    "2d_64B_ragged": dict(dims=(40, 23), strides=(96,), box=(32, 16), es=(1, 1), coords=(24, 15), store=(-8, -4),
+                          swizzle=2),
+    "2d_32B_f32": dict(dims=(20, 9), strides=(96,), box=(8, 8), es=(1, 1), coords=(16, -2), store=(16, 5),
+                       swizzle=1, dtype="float32"),
+    "3d_strided": dict(dims=(16, 12, 3), strides=(48, 48 * 12), box=(16, 8, 3), es=(1, 2, 1), coords=(0, 3, 1),
+                       store=(0, 0, 0), swizzle=0),
+    "1d": dict(dims=(100,), strides=(), box=(64,), es=(1,), coords=(60,), store=(80,), swizzle=0),
+    "5d": dict(dims=(8, 3, 2, 2, 3), strides=(16, 48, 96, 192), box=(8, 2, 2, 1, 2), es=(1, 1, 1, 1, 2),
+               coords=(0, 2, 0, 1, 0), store=(0, 0, 1, 0, 2), swizzle=0),
+    "nan_fill": dict(dims=(12, 6), strides=(48,), box=(8, 4), es=(1, 1), coords=(8, 4), store=(0, 0), swizzle=0,
+                     dtype="float32", oob_fill=1),
+}
+_KERNELS = {}
+
+
+def _roundtrip_kernel(name, **faults):
+    key = (name, tuple(sorted(faults.items())))
+    if key not in _KERNELS:
+        c = ROUNDTRIPS[name]
+        _KERNELS[key] = K.tma_roundtrip(c["dims"], c["strides"], c["box"], c["es"], c["coords"], c["store"],
+                                        dtype=c.get("dtype", "float16"), swizzle=c["swizzle"],
+                                        oob_fill=c.get("oob_fill", 0), **faults)
+    return _KERNELS[key]
+
+
+def _tensor_elems(c):
+    e = ELEM[c.get("dtype", "float16")]
+    bs = [e] + list(c["strides"])
+    return (sum((d - 1) * s for d, s in zip(c["dims"], bs)) + e) // e
+
+
+@pytest.mark.parametrize("name", list(ROUNDTRIPS))
+def test_tma_load_and_store_match_the_loop_reference(name):
+    c = ROUNDTRIPS[name]
+    dt = c.get("dtype", "float16")
+    e = ELEM[dt]
+    n = _tensor_elems(c)
+    rng = np.random.default_rng(len(name))
+    G = rng.standard_normal(n).astype(dt)
+    span = K.SWIZZLE_SPAN[c["swizzle"]]
+    ext = [-(-b // s) for b, s in zip(c["box"], c["es"])]
+    nbox = int(np.prod(ext))
+    O = np.full(nbox * e, 0xAB, np.uint8)
+    C = np.full(n, 9.0, dt)
+    report = interpret(_roundtrip_kernel(name), G, O, C)
+    assert report.ok and report.stats["tma.load"] == 1 and report.stats["tma.store"] == 1
+    want = K.reference_box(G.view(np.uint8), c["dims"], c["strides"], c["box"], c["es"], c["coords"], e, span,
+                           fill_nan=c.get("oob_fill", 0) == 1)
+    assert np.array_equal(O, want)
+    # the store writes box element i (dense order, un-swizzled) at its coordinates from ``store``, inside only
+    dense = want[K.swizzled(np.arange(nbox) * e, span)[:, None] + np.arange(e)].reshape(-1).view(dt)
+    expect = np.full(n, 9.0, dt)
+    byte_strides = [e] + list(c["strides"])
+    for flat in range(nbox):
+        idx, rem = [], flat
+        for x in ext:
+            idx.append(rem % x)
+            rem //= x
+        g = [c["store"][d] + idx[d] * c["es"][d] for d in range(len(ext))]
+        if all(0 <= g[d] < c["dims"][d] for d in range(len(ext))):
+            expect[sum(g[d] * byte_strides[d] for d in range(len(ext))) // e] = dense[flat]
+    assert np.array_equal(C.view(np.uint8), expect.view(np.uint8))
+
+
+def test_tma_kernels_compile_to_utmaldg_and_utmastg():
+    mix = mmaemit.compile(_roundtrip_kernel("2d_128B"), target="sm_90a").instruction_mix("sm_90a")
+    assert mix["UTMALDG"] == 1 and mix["UTMASTG"] == 1 and mix["SYNCS"] >= 1
+
+
+@pytest.mark.parametrize("fault, kind", [("read_before_wait", "tma_before_wait"),
+                                         ("no_store_wait", "tma_before_wait"),
+                                         ("store_without_fence", "missing_proxy_fence")])
+def test_tma_faults_fire_and_the_correct_kernel_is_quiet(fault, kind):
+    c = ROUNDTRIPS["2d_128B"]
+    n = _tensor_elems(c)
+    G = np.random.default_rng(0).standard_normal(n).astype(np.float16)
+    args = (G, np.zeros(64 * 32 * 2, np.uint8), np.zeros(n, np.float16))
+    report = interpret(_roundtrip_kernel("2d_128B", **{fault: True}), *args, on_error="report")
+    assert [d.kind for d in report.errors] == [kind], report.summary()
+    assert interpret(_roundtrip_kernel("2d_128B"), *args).ok
+    if kind == "tma_before_wait":
+        with pytest.raises(TmaBeforeWaitError):
+            interpret(_roundtrip_kernel("2d_128B", **{fault: True}), *args)
+
+
+def test_tensor_map_past_its_buffer_is_an_argument_error():
+    bad = K.tma_roundtrip((64, 48), (128,), (64, 32), (1, 1), (0, 8), (0, 16), swizzle=3, nelem=64 * 40)
+    with pytest.raises(ArgumentError, match="spans 6144 bytes from the start of G, which has 5120"):
+        interpret(bad, np.zeros(64 * 40, np.float16), np.zeros(4096, np.uint8), np.zeros(64 * 40, np.float16))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# mbarrier kernels: phases, arrivals, deadlocks
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_mbarrier_phases_complete_with_the_expected_arrivals():
+    O = np.zeros(8, np.int32)
+    report = interpret(K.mbarrier_counts(arrive_count=4, phases=3), O)
+    assert report.ok and O[:3].tolist() == [1, 2, 3] and report.stats["contexts"] == 4
+    O[:] = 0
+    assert interpret(K.mbarrier_counts(arrive_count=2, arrivals=(1, 2), phases=2, arrive_form="count"), O).ok
+    assert O[:2].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(arrive_count=2, arrivals=(0,)), "1 of 2 arrivals pending"),
+    (dict(arrive_count=4, arrive_form="expect_tx", expect_bytes=256), "0 of 4 arrivals pending, tx-count 1024"),
+    # phase 0 never completes, but a wait for parity 1 (the "preceding" phase) succeeds at once: no deadlock
+    (dict(arrive_count=8, parity_of_wait=1, phases=1), None),
+])
+def test_a_wait_that_can_never_complete_is_a_deadlock(kw, words):
+    O = np.zeros(8, np.int32)
+    f = K.mbarrier_counts(**kw)
+    report = interpret(f, O, on_error="report")
+    if words is None:
+        assert report.ok
+        return
+    (d,) = report.errors
+    assert d.kind == "deadlock" and words in d.message and "bar[0]" in d.message and "warp 3 wait" in d.message
+    with pytest.raises(DeadlockError):
+        interpret(f, O)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the warp-specialized TMA + mbarrier + wgmma GEMM
+# ----------------------------------------------------------------------------------------------------------------------
+
+GEMMS = {
+    "2c3s_ragged": (200, 100, 200, dict(consumers=2, stages=3)),
+    "1c2s_elect_cuda_wait": (100, 60, 72, dict(consumers=1, stages=2, producer_elect="elect", consumer_wait="cuda")),
+    "2c2s_tma_store": (150, 68, 136, dict(consumers=2, stages=2, epilogue="tma")),
+}
+_GEMM_CACHE = {}
+
+
+def _gemm(M, N, Kd, **kw):
+    key = (M, N, Kd, tuple(sorted(kw.items())))
+    if key not in _GEMM_CACHE:
+        _GEMM_CACHE[key] = K.ws_gemm(M, N, Kd, **kw)
+    return _GEMM_CACHE[key]
+
+
+def _gemm_args(M, N, Kd, seed=0):
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((M, Kd)).astype(np.float16)
+    B = rng.standard_normal((N, Kd)).astype(np.float16)
+    return A, B, np.full((M, N), np.nan, np.float32)
+
+
+@pytest.mark.parametrize("name", list(GEMMS))
+def test_warp_specialized_gemm_matches_float64(name):
+    M, N, Kd, kw = GEMMS[name]
+    A, B, C = _gemm_args(M, N, Kd)
+    report = interpret(_gemm(M, N, Kd, **kw), A, B, C)
+    assert report.ok, report.summary()
+    ref = A.astype(np.float64) @ B.astype(np.float64).T
+    assert not np.isnan(C).any()
+    np.testing.assert_allclose(C, ref, rtol=1e-5, atol=1e-4 * math.sqrt(Kd))
+    cons = kw["consumers"]
+    ctas = -(-M // (64 * cons)) * -(-N // 64)
+    assert report.stats["contexts"] == ctas * (1 + cons) and report.stats["setmaxnreg"] == ctas * (1 + cons)
+    assert report.stats["tma.load"] == ctas * -(-Kd // 64) * 2
+
+
+def test_warp_specialized_gemm_sass():
+    M, N, Kd, kw = GEMMS["2c2s_tma_store"]
+    mix = mmaemit.compile(_gemm(M, N, Kd, **kw), target="sm_90a").instruction_mix("sm_90a")
+    assert mix["HGMMA"] > 0 and mix["UTMALDG"] > 0 and mix["UTMASTG"] > 0 and mix["LDGSTS"] == 0
+
+
+@pytest.mark.parametrize("fault, kind, error, words", [
+    (dict(no_full_wait=True), "tma_before_wait", TmaBeforeWaitError, "before waiting for the mbarrier phase"),
+    (dict(b_swizzle=2), "tma_layout_mismatch", TmaLayoutError, "64-byte swizzle"),
+    (dict(regs=(40, 248)), "register_budget", RegisterBudgetError, "68608 registers, over its 65536"),
+    (dict(producer_parity_bug=True), "deadlock", DeadlockError, "warps 0-3 wait in T.cuda.mbarrier_wait"),
+])
+def test_gemm_faults_fire(fault, kind, error, words):
+    M, N, Kd = 128, 64, 128
+    args = _gemm_args(M, N, Kd)
+    f = _gemm(M, N, Kd, consumers=2, stages=2, **fault)
+    report = interpret(f, *args, on_error="report")
+    assert report.errors and report.errors[0].kind == kind, report.summary()
+    assert words in report.errors[0].message
+    with pytest.raises(error):
+        interpret(f, *_gemm_args(M, N, Kd))
+    good = _gemm(M, N, Kd, consumers=2, stages=2)
+    A, B, C = _gemm_args(M, N, Kd)
+    assert interpret(good, A, B, C).ok
+
+
+@pytest.mark.parametrize("kw, kind", [(dict(), None), (dict(sync_before_read=False), "race"),
+                                      # without the arrive the kernel runs in one lockstep pass, where a bar.sync
+                                      # over all 64 threads reached by 32 of them is reported as divergence
+                                      (dict(arrive=False), "divergence")])
+def test_named_barrier_arrive_orders_a_handoff(kw, kind):
+    X = np.arange(32, dtype=np.float32)
+    O = np.full(32, np.nan, np.float32)
+    report = interpret(K.named_barrier_handoff(**kw), X, O, on_error="report")
+    if kind is None:
+        assert report.ok and np.array_equal(O, 2 * X) and report.stats["contexts"] == 2
+    else:
+        assert [d.kind for d in report.errors] == [kind], report.summary()
