@@ -335,3 +335,20 @@ def named_barrier_handoff(arrive=True, sync_before_read=True):
                 O[lane] = S[lane]
 
     return handoff
+
+
+def elect_lanes(first_active=3):
+    """Two warps; lanes >= ``first_active`` execute ``elect.sync d|p, 0xFFFFFFFF`` and store ``100 d + p``."""
+
+    @T.prim_func
+    def elect(O: T.Buffer((64,), "uint32")):
+        T.device_entry()
+        _bx = T.cta_id([1])
+        tx = T.thread_id([64])
+        d = T.local_scalar("uint32")
+        p = T.local_scalar("uint32")
+        if tx % 32 >= first_active:
+            T.ptx.elect_sync(d, p, T.uint32(0xFFFFFFFF))
+            O[tx] = d * T.uint32(100) + p
+
+    return elect

@@ -354,7 +354,7 @@ def test_warp_specialized_gemm_sass():
     (dict(no_full_wait=True), "tma_before_wait", TmaBeforeWaitError, "before waiting for the mbarrier phase"),
     (dict(b_swizzle=2), "tma_layout_mismatch", TmaLayoutError, "64-byte swizzle"),
     (dict(regs=(40, 248)), "register_budget", RegisterBudgetError, "68608 registers, over its 65536"),
-    (dict(producer_parity_bug=True), "deadlock", DeadlockError, "warps 0-3 wait in T.cuda.mbarrier_wait"),
+    (dict(producer_parity_bug=True), "deadlock", DeadlockError, "warp 0 (the rest of warps 0-3 idles in lockstep with it) waits in T.cuda.mbarrier_wait"),
 ])
 def test_gemm_faults_fire(fault, kind, error, words):
     M, N, Kd = 128, 64, 128
@@ -382,3 +382,24 @@ def test_named_barrier_arrive_orders_a_handoff(kw, kind):
         assert report.ok and np.array_equal(O, 2 * X) and report.stats["contexts"] == 2
     else:
         assert [d.kind for d in report.errors] == [kind], report.summary()
+
+
+def test_elect_sync_elects_the_lowest_active_lane():
+    O = np.zeros(64, np.uint32)
+    assert interpret(K.elect_lanes(3), O).ok
+    want = np.where(np.arange(32) < 3, 0, 300)
+    want[3] = 301
+    assert np.array_equal(O.reshape(2, 32), np.stack([want, want]))
+
+
+def test_pipeline_instructions_are_gated_by_arch():
+    from mmaemit.errors import ArchError
+
+    M, N, Kd, kw = GEMMS["1c2s_elect_cuda_wait"]
+    with pytest.raises(ArchError, match="sm_90"):
+        interpret(_gemm(M, N, Kd, **kw), *_gemm_args(M, N, Kd), arch="sm_90")     # wgmma / setmaxnreg: sm_90a
+    c = ROUNDTRIPS["1d"]
+    n = _tensor_elems(c)
+    with pytest.raises(ArchError, match="sm_90"):
+        interpret(_roundtrip_kernel("1d"), np.zeros(n, np.float16), np.zeros(128, np.uint8),
+                  np.zeros(n, np.float16), arch="sm_80")

@@ -293,12 +293,13 @@ class Scheduler:
         blocked = [c for c in self.contexts if c.state == "blocked"]
         budget = [c for c in blocked if c.wait[0] == "setmaxnreg"]
         first = (budget or blocked)[0]
-        kind, _ready, describe, site, st = first.wait
+        _kind, _ready, describe, site, st = first.wait
         done = [c.name() for c in self.contexts if c.state == "done"]
-        waits = "; ".join(f"{c.name()} wait in {c.wait[2]()}" for c in blocked)
+        waits = "; ".join(f"{self._waiting(c)} wait{'s' if self._waiting(c).startswith('warp ') else ''} in "
+                          f"{c.wait[2]()}" for c in blocked)
         tail = f" ({', '.join(done)} finished)" if done else ""
         if budget:
-            others = "; ".join(f"{c.name()} wait in {c.wait[2]()}" for c in blocked if c is not first)
+            others = "; ".join(f"{self._waiting(c)} in {c.wait[2]()}" for c in blocked if c is not first)
             rec.fault(st, "register_budget", site,
                       f"setmaxnreg can never be satisfied: {describe()}; no warpgroup releases registers with "
                       f"setmaxnreg.dec any more{tail}" + (f". Also blocked: {others}" if others else ""),
@@ -306,6 +307,16 @@ class Scheduler:
             return
         rec.fault(st, "deadlock", site, f"deadlock: no warp can make progress{tail}. {waits}",
                   thread=int(first.threads[0]))
+
+    @staticmethod
+    def _waiting(c):
+        """The warps of blocked context ``c`` that execute its wait (the rest of the context idles in lockstep)."""
+        m = c.wait[4].mask
+        warps = c.warps if m is None else sorted({int(t) // 32 for t in np.nonzero(m)[0]})
+        name = f"warp {warps[0]}" if len(warps) == 1 else f"warps {warps[0]}-{warps[-1]}"
+        if len(warps) < len(c.warps):
+            name += f" (the rest of {c.name()} idles in lockstep with it)"
+        return name
 
 
 def block(st, kind, ready, describe, site):
