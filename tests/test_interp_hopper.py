@@ -403,3 +403,73 @@ def test_pipeline_instructions_are_gated_by_arch():
     with pytest.raises(ArchError, match="sm_90"):
         interpret(_roundtrip_kernel("1d"), np.zeros(n, np.float16), np.zeros(128, np.uint8),
                   np.zeros(n, np.float16), arch="sm_80")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the same kernels on the GPU: the interpreter's model of TMA, mbarriers and the pipeline checked against hardware
+# ----------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ROUNDTRIPS))
+def test_tma_roundtrip_on_gpu_matches_the_interpreter(name):
+    import torch
+
+    c = ROUNDTRIPS[name]
+    dt = c.get("dtype", "float16")
+    n = _tensor_elems(c)
+    G = np.random.default_rng(len(name)).standard_normal(n).astype(dt)
+    nbox = int(np.prod([-(-b // s) for b, s in zip(c["box"], c["es"])]))
+    O = np.zeros(nbox * ELEM[dt], np.uint8)
+    C = np.full(n, 9.0, dt)
+    f = _roundtrip_kernel(name)
+    assert interpret(f, G, O, C).ok
+    Gd = torch.from_numpy(G).cuda()
+    Od = torch.zeros(O.shape, dtype=torch.uint8, device="cuda")
+    Cd = torch.full((n,), 9.0, dtype=getattr(torch, dt), device="cuda")
+    mmaemit.compile(f, target="sm_90a")(Gd, Od, Cd)
+    torch.cuda.synchronize()
+    if c.get("oob_fill", 0):       # the OOB fill is "a NaN": compare NaN-ness there, bits elsewhere
+        got, want = Od.cpu().numpy().view(np.float32), O.view(np.float32)
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[~np.isnan(got)],
+                                                                              want[~np.isnan(want)])
+    else:
+        assert np.array_equal(Od.cpu().numpy(), O)
+        assert np.array_equal(Cd.cpu().numpy().view(np.uint8), C.view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GEMMS))
+def test_warp_specialized_gemm_on_gpu(name):
+    import torch
+
+    M, N, Kd, kw = GEMMS[name]
+    A, B, C = _gemm_args(M, N, Kd)
+    f = _gemm(M, N, Kd, **kw)
+    assert interpret(f, A, B, C).ok
+    Cd = torch.full((M, N), float("nan"), dtype=torch.float32, device="cuda")
+    mmaemit.compile(f, target="sm_90a")(torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda(), Cd)
+    got = Cd.cpu().numpy()
+    ref = A.astype(np.float64) @ B.astype(np.float64).T
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4 * math.sqrt(Kd))
+    np.testing.assert_allclose(got, C, rtol=1e-5, atol=1e-4 * math.sqrt(Kd))
+
+
+@pytest.mark.gpu
+def test_mbarrier_and_named_barrier_kernels_on_gpu():
+    import torch
+
+    O = torch.zeros(8, dtype=torch.int32, device="cuda")
+    mmaemit.compile(K.mbarrier_counts(arrive_count=4, phases=3), target="sm_90a")(O)
+    assert O.cpu().numpy()[:3].tolist() == [1, 2, 3]
+    X = torch.arange(32, dtype=torch.float32, device="cuda")
+    Y = torch.zeros(32, dtype=torch.float32, device="cuda")
+    mmaemit.compile(K.named_barrier_handoff(), target="sm_90a")(X, Y)
+    assert torch.equal(Y, 2 * X)
+    E = torch.zeros(64, dtype=torch.uint32, device="cuda")
+    mmaemit.compile(K.elect_lanes(3), target="sm_90a")(E)
+    e = E.cpu().view(torch.int32).numpy().astype(np.int64).reshape(2, 32)
+    for w in range(2):
+        leader = e[w, 3] // 100
+        assert 3 <= leader < 32 and (e[w, 3:] // 100 == leader).all() and (e[w, 3:] % 100).sum() == 1
+        assert e[w, leader] % 100 == 1          # the interpreter elects the lowest active lane (3); PTX allows any
