@@ -81,23 +81,26 @@ class TuningTable:
         with self._lock():
             return self._read().get(key)
 
+    def _write(self, entries: dict) -> None:
+        blob = json.dumps({"format": _FORMAT, "entries": entries}, indent=1, sort_keys=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=self.path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(blob)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
     def put(self, key: str, entry: dict) -> None:
         """Store ``entry`` under ``key`` (read-modify-write under the lock, atomic replace)."""
         with self._lock():
             entries = self._read()
             entries[key] = entry
-            blob = json.dumps({"format": _FORMAT, "entries": entries}, indent=1, sort_keys=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=self.path.name + ".", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(blob)
-                os.replace(tmp, self.path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            self._write(entries)
 
     def remove(self, key: str) -> bool:
         """Drop one entry; True if it was there."""
@@ -106,7 +109,7 @@ class TuningTable:
             if key not in entries:
                 return False
             del entries[key]
-            self.path.write_text(json.dumps({"format": _FORMAT, "entries": entries}, indent=1, sort_keys=True))
+            self._write(entries)
             return True
 
     def tuning_lock(self, key: str, timeout: float = -1) -> FileLock:
