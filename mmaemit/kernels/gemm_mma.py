@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from mmaemit import TensorCoreIntrinEmitter, make_mma_swizzle_layout
 from mmaemit.dtypes import bits, canonical, is_float
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
-from mmaemit.layouts.raster import panel_swizzle
+from mmaemit.layouts.raster import RASTER_ORDERS, raster_order
 
 LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False), "TT": (True, True)}
 
@@ -46,6 +46,8 @@ class GemmConfig:
     stages: int = 3
     epilogue: str = "shared"  # "shared" (stmatrix + coalesced stores) or "global" (vector stores from registers)
     panel: int = 8            # CTA rasterization: tile-rows per panel for L2 reuse (1 = row-major launch order)
+    raster: str = "panel"     # tile order (mmaemit.layouts.raster): "row", "panel", "serpentine" or "grouped"
+    persistent: int = 0       # 0: one CTA per C tile; P > 0: min(P, tiles) CTAs, CTA c computes tiles c, c + P, ...
     n_tile: int = None        # mma micro tile width: 8 or 16 (None: the emitter's choice)
     reduce_k: int = 1         # warp groups splitting block_k (their partial sums are reduced through shared memory)
     warp_order: str = "m_fast"
@@ -79,6 +81,11 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
         raise UnsupportedConfigError(f"stages must be >= 2, not {cfg.stages}")
     if cfg.epilogue not in ("shared", "global"):
         raise UnsupportedConfigError(f"epilogue must be one of {choices(['shared', 'global'])}")
+    if cfg.raster not in RASTER_ORDERS:
+        raise UnsupportedConfigError(f"raster must be one of {choices(RASTER_ORDERS)}, not {cfg.raster!r}")
+    if not isinstance(cfg.persistent, int) or cfg.persistent < 0:
+        raise UnsupportedConfigError(f"persistent must be 0 (one CTA per tile) or a positive CTA count, not "
+                                     f"{cfg.persistent!r}")
     em = TensorCoreIntrinEmitter(dtype, b_dtype, accum_dtype, a_transposed=trans_a, b_transposed=trans_b,
                                  block_row_warps=cfg.block_m // cfg.warp_m, block_col_warps=cfg.block_n // cfg.warp_n,
                                  warp_row_tiles=cfg.warp_m, warp_col_tiles=cfg.warp_n, chunk=cfg.block_k, arch=arch,
@@ -106,24 +113,17 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
     REDUCE = cfg.reduce_k > 1
     scratch_shape = em.reduce_scratch_shape if REDUCE else (1,)
     GM, GN = M // BM, N // BN
+    TILES = GM * GN
+    order = raster_order(cfg.raster, GM, GN, cfg.panel)
+    CTAS = min(cfg.persistent, TILES) if cfg.persistent else TILES
+    ROUNDS = -(-TILES // CTAS)
 
-    @T.prim_func
-    def gemm(A: T.Buffer(a_shape, a_gdtype), B: T.Buffer(b_shape, b_gdtype), C: T.Buffer((M, N), out_dtype)):
-        T.device_entry()
-        pid = T.cta_id([GM * GN])
-        bm = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[0])
-        bn = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[1])
-        warp = T.warp_id([NW])
-        lane = T.lane_id([32])
+    @T.inline
+    def tile(A, B, C, As, Bs, Scratch, Cs, A_frag, B_frag, C_frag, t, warp, lane):
+        # one C tile: linear tile id t, placed by the raster order
+        bm = T.meta_var(order.forward(t)[0])
+        bn = T.meta_var(order.forward(t)[1])
         tid = T.meta_var(warp * 32 + lane)
-        pool = T.SMEMPool()
-        As = pool.alloc((S, *a_tile), a_sdtype, align=1024)
-        Bs = pool.alloc((S, *b_tile), b_sdtype, align=1024)
-        pool.move_base_to(0)  # the split-K scratch and the C staging tile reuse the pipeline's memory after the loop
-        Scratch = pool.alloc(scratch_shape, em.c_fragment_dtype, align=1024)
-        Cs = pool.alloc((BM, BN), out_dtype, align=1024)
-        pool.commit()
-        A_frag, B_frag, C_frag = em.alloc_fragments()
         em.fill_accumulators(C_frag)
 
         @T.inline
@@ -183,6 +183,30 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
                 T.ptx["st.global.v4.b32"](C.ptr_to([bm * BM + r, bn * BN + c]), v[0], v[1], v[2], v[3])
         else:
             em.stmatrix(C_frag, C, warp=warp, lane=lane, block_row=bm, block_col=bn)
+
+    @T.prim_func
+    def gemm(A: T.Buffer(a_shape, a_gdtype), B: T.Buffer(b_shape, b_gdtype), C: T.Buffer((M, N), out_dtype)):
+        T.device_entry()
+        pid = T.cta_id([CTAS])
+        warp = T.warp_id([NW])
+        lane = T.lane_id([32])
+        pool = T.SMEMPool()
+        As = pool.alloc((S, *a_tile), a_sdtype, align=1024)
+        Bs = pool.alloc((S, *b_tile), b_sdtype, align=1024)
+        pool.move_base_to(0)  # the split-K scratch and the C staging tile reuse the pipeline's memory after the loop
+        Scratch = pool.alloc(scratch_shape, em.c_fragment_dtype, align=1024)
+        Cs = pool.alloc((BM, BN), out_dtype, align=1024)
+        pool.commit()
+        A_frag, B_frag, C_frag = em.alloc_fragments()
+        if CTAS == TILES:
+            tile(A, B, C, As, Bs, Scratch, Cs, A_frag, B_frag, C_frag, pid, warp, lane)
+        else:
+            # persistent: a grid-stride loop over tiles; the barrier keeps the next tile's first copies from
+            # overwriting shared memory (the pipeline stages, the C staging tile) that slower warps still read
+            for rnd in T.serial(ROUNDS):
+                if pid + rnd * CTAS < TILES:
+                    tile(A, B, C, As, Bs, Scratch, Cs, A_frag, B_frag, C_frag, pid + rnd * CTAS, warp, lane)
+                    T.cuda.cta_sync()
 
     return gemm, em
 
