@@ -376,3 +376,12 @@ def test_pool_reports_exceptions_with_type_and_message():
         assert "invalid literal" in r[0].value["message"]
     finally:
         pool.shutdown()
+
+
+def test_the_fastest_candidates_are_timed_twice(logfile):
+    tk = fake_tuned(logfile, confirm=2).with_space(speed=[4.0, 1.0, 3.0, 2.0], mode=["ok"])
+    result = tk.tune(8)
+    twice = {c.params["speed"]: c.info.get("times_s") for c in result.candidates}
+    assert twice[1.0] == [1e-6, 1e-6] and twice[2.0] == [2e-6, 2e-6]
+    assert twice[3.0] is None and twice[4.0] is None
+    assert result.winner["speed"] == 1.0

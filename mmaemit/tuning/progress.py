@@ -48,6 +48,12 @@ class Progress:
             self._bar.update(1)
         self._refresh()
 
+    def timed_then_skipped(self):
+        """A timed candidate failed its confirmation run: it moves from timed to skipped."""
+        self.timed -= 1
+        self.skipped += 1
+        self._refresh()
+
     def write(self, text: str):
         if self._bar is not None:
             self._bar.write(text, file=self.file)
