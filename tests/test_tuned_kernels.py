@@ -134,3 +134,12 @@ def test_tuned_dequant_gemm_on_the_gpu(M, monkeypatch):
     out = T.tuned_dequant_gemm(A, W, S, group_size=128, weight_format="int4")
     ref = T.dequant_reference(args, (A, W, S, C))
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+@pytest.mark.parametrize("dtype, trans_b", [("int8", True), ("int4", False), ("uint8", False)])
+def test_integer_gemm_reference_is_exact(dtype, trans_b):
+    from mmaemit.kernels.gemm_mma import random_inputs, reference
+
+    A, B = random_inputs(128, 64, 256, dtype, trans_b=trans_b, device="cpu", seed=1)
+    args = dict(M=128, N=64, K=256, dtype=dtype, b_dtype=None, trans_a=False, trans_b=trans_b)
+    assert torch.equal(T.gemm_reference(args, (A, B)), reference(A, B, False, trans_b, dtype=dtype))

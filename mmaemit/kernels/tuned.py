@@ -167,11 +167,19 @@ def gemm_inputs(args):
 
 
 def gemm_reference(args, arguments):
-    """float32 (float operands) or exact int64 (integer operands) A @ B."""
-    from mmaemit.kernels.gemm_mma import reference
+    """float32 A @ B for float operands; for integer operands the exact product as int64, computed in float64 on the
+    operands' device (every partial sum of 8- or 4-bit products stays below 2^53 for K < 2^37, so it is exact)."""
+    from mmaemit.kernels.gemm_mma import reference, unpack_int4
 
     A, B = arguments[0], arguments[1]
-    return reference(A, B, args["trans_a"], args["trans_b"], dtype=args["dtype"], b_dtype=args["b_dtype"])
+    if is_float(args["dtype"]):
+        return reference(A, B, args["trans_a"], args["trans_b"], dtype=args["dtype"], b_dtype=args["b_dtype"])
+    da, db = canonical(args["dtype"]), canonical(args["b_dtype"] or args["dtype"])
+    a = unpack_int4(A, da == "int4") if bits(da) == 4 else A
+    b = unpack_int4(B, db == "int4") if bits(db) == 4 else B
+    a = a.double().T if args["trans_a"] else a.double()
+    b = b.double().T if args["trans_b"] else b.double()
+    return (a @ b).round().long()
 
 
 @autotune(config=gemm_configs, prune=gemm_prune, default=default_gemm_config, inputs=gemm_inputs,
