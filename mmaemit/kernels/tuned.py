@@ -92,7 +92,7 @@ def _family_of(config) -> GemmFamily:
 
 
 def _operand_bits(args) -> int:
-    return min(bits(args["dtype"]), bits(args["b_dtype"] or args["dtype"]))
+    return min(bits(args["dtype"]), bits(args.get("b_dtype") or args["dtype"]))
 
 
 def mma_gemm_configs(args) -> list:
@@ -102,9 +102,9 @@ def mma_gemm_configs(args) -> list:
 
 
 def _mma_smem(config: GemmConfig, args) -> int:
-    a_bits, b_bits = bits(args["dtype"]), bits(args["b_dtype"] or args["dtype"])
+    a_bits, b_bits = bits(args["dtype"]), bits(args.get("b_dtype") or args["dtype"])
     stages = config.stages * config.block_k * (config.block_m * a_bits + config.block_n * b_bits) // 8
-    out_bits = bits(args["out_dtype"]) if args["out_dtype"] else (a_bits if a_bits == 16 else 32)
+    out_bits = bits(args["out_dtype"]) if args.get("out_dtype") else (a_bits if a_bits == 16 else 32)
     return max(stages, config.block_m * config.block_n * out_bits // 8 if config.epilogue == "shared" else 0)
 
 
@@ -113,7 +113,7 @@ def _mma_prune(config: GemmConfig, args):
                              ("K", args["K"], config.block_k)):
         if size % tile:
             return f"{name}={size} is not a multiple of the tile's {tile}"
-    limit = SMEM_BYTES.get(args["arch"])
+    limit = SMEM_BYTES.get(args.get("arch"))
     need = _mma_smem(config, args)
     if limit is not None and need > limit:
         return f"needs {need >> 10} KiB of shared memory, {args['arch']} has {limit >> 10} KiB"
@@ -145,7 +145,7 @@ def default_gemm_config(args) -> dict:
 
 
 def _out_dtype(args) -> str:
-    if args["out_dtype"]:
+    if args.get("out_dtype"):
         return canonical(args["out_dtype"])
     dt = canonical(args["dtype"])
     if bits(dt) == 16:
@@ -154,14 +154,15 @@ def _out_dtype(args) -> str:
 
 
 def gemm_inputs(args):
-    """Random A, B (``mmaemit.kernels.gemm_mma.random_inputs``) and an output buffer C on the GPU."""
+    """Random A, B (``mmaemit.kernels.gemm_mma.random_inputs``) and an output buffer C on the GPU. ``args``: M, N,
+    K, dtype and optionally b_dtype, out_dtype, trans_a, trans_b (any builder whose arguments use these names)."""
     import torch
 
     from mmaemit.dtypes import torch_dtype
     from mmaemit.kernels.gemm_mma import random_inputs
 
-    A, B = random_inputs(args["M"], args["N"], args["K"], args["dtype"], args["trans_a"], args["trans_b"],
-                         device="cuda", seed=0, b_dtype=args["b_dtype"])
+    A, B = random_inputs(args["M"], args["N"], args["K"], args["dtype"], args.get("trans_a", False),
+                         args.get("trans_b", False), device="cuda", seed=0, b_dtype=args.get("b_dtype"))
     C = torch.empty((args["M"], args["N"]), dtype=torch_dtype(_out_dtype(args)), device="cuda")
     return A, B, C
 
@@ -172,13 +173,14 @@ def gemm_reference(args, arguments):
     from mmaemit.kernels.gemm_mma import reference, unpack_int4
 
     A, B = arguments[0], arguments[1]
+    ta, tb, b_dtype = args.get("trans_a", False), args.get("trans_b", False), args.get("b_dtype")
     if is_float(args["dtype"]):
-        return reference(A, B, args["trans_a"], args["trans_b"], dtype=args["dtype"], b_dtype=args["b_dtype"])
-    da, db = canonical(args["dtype"]), canonical(args["b_dtype"] or args["dtype"])
+        return reference(A, B, ta, tb, dtype=args["dtype"], b_dtype=b_dtype)
+    da, db = canonical(args["dtype"]), canonical(b_dtype or args["dtype"])
     a = unpack_int4(A, da == "int4") if bits(da) == 4 else A
     b = unpack_int4(B, db == "int4") if bits(db) == 4 else B
-    a = a.double().T if args["trans_a"] else a.double()
-    b = b.double().T if args["trans_b"] else b.double()
+    a = a.double().T if ta else a.double()
+    b = b.double().T if tb else b.double()
     return (a @ b).round().long()
 
 
