@@ -143,3 +143,21 @@ def test_integer_gemm_reference_is_exact(dtype, trans_b):
     A, B = random_inputs(128, 64, 256, dtype, trans_b=trans_b, device="cpu", seed=1)
     args = dict(M=128, N=64, K=256, dtype=dtype, b_dtype=None, trans_a=False, trans_b=trans_b)
     assert torch.equal(T.gemm_reference(args, (A, B)), reference(A, B, False, trans_b, dtype=dtype))
+
+
+@pytest.mark.gpu
+def test_a_hanging_gpu_kernel_is_killed_and_the_next_one_is_measured(monkeypatch, tmp_path):
+    import time
+
+    import autotune_gpu_kernels as G
+    from mmaemit.tuning import autotune
+
+    monkeypatch.setenv("MMAEMIT_CACHE_DIR", str(tmp_path))
+    tk = autotune(spin=[0, 1 << 20, 4], inputs=G.spin_inputs, reference=G.spin_reference, outputs=[1],
+                  run_timeout=15, confirm=0)(G.spin_kernel)
+    t0 = time.perf_counter()
+    r = tk.tune(1 << 20, force=True)
+    by = {c.params["spin"]: c for c in r.candidates}
+    assert by[1 << 20].status == "run-timeout", r.table()
+    assert by[0].status == by[4].status == "timed" and r.winner == {"spin": 0}
+    assert time.perf_counter() - t0 < 120
