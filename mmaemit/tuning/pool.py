@@ -241,12 +241,13 @@ class _Worker:
 class WorkerPool:
     """Up to ``size`` spawn processes that import ``preload`` once; tasks with per-task timeouts (see module doc)."""
 
-    def __init__(self, size: int, preload=(), quiet: bool = True, start_timeout: float = _START_TIMEOUT):
+    def __init__(self, size: int, preload=(), quiet: bool | None = None, start_timeout: float = _START_TIMEOUT):
         if size < 1:
             raise ArgumentError(f"a worker pool needs at least one worker, got size={size}")
         self.size = size
         self.preload = tuple(preload)
-        self.quiet = quiet
+        # workers' stdout / stderr go to /dev/null (failures come back as results) unless MMAEMIT_AUTOTUNE_DEBUG=1
+        self.quiet = (os.environ.get("MMAEMIT_AUTOTUNE_DEBUG", "0") in ("", "0")) if quiet is None else quiet
         self.start_timeout = start_timeout
         self._ctx = multiprocessing.get_context("spawn")
         self._workers: list = []
