@@ -21,7 +21,6 @@ import argparse
 import csv
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys

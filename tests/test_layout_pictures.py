@@ -5,7 +5,7 @@ from mmaemit import isa
 from mmaemit.cli import main
 from mmaemit.errors import UnsupportedConfigError
 from mmaemit.layouts import make_mma_swizzle_layout, matrix_move_layout, mma_fragment
-from mmaemit.layouts.pictures import draw_fragment, draw_layout, draw_matrix_move, draw_raster, draw_swizzle
+from mmaemit.layouts.pictures import draw_fragment, draw_layout, draw_matrix_move, draw_swizzle
 from mmaemit.layouts.raster import raster_order
 
 

@@ -1,7 +1,5 @@
 """The autotuned entry points (mmaemit.kernels.tuned): candidate sets, pruning, defaults, the dequant reference, and
 on the GPU, tuning and correctness."""
-import os
-
 import pytest
 import torch
 

@@ -135,8 +135,6 @@ def _check(out, ref, rtol) -> str | None:
 
 
 def _check_text(out, ref, rtol):
-    import torch
-
     reason = _check(out, ref, rtol)
     if reason is not None:
         return None, f"WRONG: {reason}"

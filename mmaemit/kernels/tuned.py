@@ -302,8 +302,6 @@ def dequant_inputs(args):
 
 def dequant_reference(args, arguments):
     """float32 A @ W^T with W dequantized exactly from the kernel-layout tensors (the documented formulas)."""
-    import torch
-
     from mmaemit.dequant.formats import get_format
     from mmaemit.dequant.kernel_layout import from_kernel_layout, from_kernel_scales
 
