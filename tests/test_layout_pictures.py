@@ -79,3 +79,12 @@ def test_layout_show_cli(argv, tmp_path, capsys):
     assert main(["layout", "show", *argv, "-o", str(out)]) == 0
     assert _is_png(out) and f"wrote {out}" in capsys.readouterr().out
 
+
+
+def test_readme_picture_is_small_and_current():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    committed = docs / "fragment-m16n8k16-A.png"
+    assert committed.exists() and committed.stat().st_size < 100_000
+    assert "docs/fragment-m16n8k16-A.png" in (docs.parent / "README.md").read_text()
