@@ -180,3 +180,55 @@ def test_hopper_gemm_gpu(M, N, K, dtype, out, cfg):
     args[2] = C2
     kernel(*args)
     assert torch.equal(C, C2)
+
+
+# ---- CpAsyncTile (sm_80 counterpart) -----------------------------------------------------------------------------
+def test_cp_async_tile_errors():
+    from mmaemit.pipeline import CpAsyncTile
+
+    with pytest.raises(TileShapeError, match="multiple of the 128 threads"):
+        CpAsyncTile((64, 64), "float16", (8, 64), 128)
+    with pytest.raises(TileShapeError, match="16 bytes"):
+        CpAsyncTile((64, 64), "float16", (64, 12), 32)
+    with pytest.raises(UnsupportedConfigError, match="packed uint8"):
+        CpAsyncTile((64, 64), "int4", (64, 64), 32)
+
+
+def test_cp_async_tile_zero_fills_outside_the_tensor_on_the_interpreter():
+    from tvm.script import tirx as T
+
+    from mmaemit.pipeline import CpAsyncTile, cp_async_commit, cp_async_wait
+
+    M, K, BM, BK = 40, 24, 32, 16                     # the second box row / col runs past the tensor
+    lay = make_mma_swizzle_layout((2, BM, BK), "float16")
+    tile = CpAsyncTile((M, K), "float16", (BM, BK), 64, lay)
+
+    @T.prim_func
+    def copy(A: T.Buffer((M, K), "float16"), O: T.Buffer((2, BM, BK), "float16")):
+        T.device_entry()
+        warp = T.warp_id([2])
+        lane = T.lane_id([32])
+        tid = T.meta_var(warp * 32 + lane)
+        pool = T.SMEMPool()
+        S = pool.alloc((2, BM, BK), "float16", align=1024)
+        pool.commit()
+        tile.load(S, 0, A, (0, 0), tid, bounds=True)
+        tile.load(S, 1, A, (BM, BK), tid, bounds=True)
+        cp_async_commit()
+        cp_async_wait(0)
+        T.cuda.cta_sync()
+        for i in T.serial(2 * BM * BK // 64):
+            e = T.meta_var(i * 64 + tid)
+            s = T.meta_var(e // (BM * BK))
+            r = T.meta_var(e % (BM * BK) // BK)
+            c = T.meta_var(e % BK)
+            O[s, r, c] = S[lay(s, r, c)]
+
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((M, K)).astype(np.float16)
+    O = np.full((2, BM, BK), np.nan, np.float16)
+    mmaemit.interpret(copy, A, O)
+    want = np.zeros((2, BM, BK), np.float16)
+    want[0] = A[:BM, :BK]
+    want[1, :M - BM, :K - BK] = A[BM:, BK:]
+    np.testing.assert_array_equal(O, want)
