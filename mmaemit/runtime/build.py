@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..arch import KNOWN_ARCHS, as_arch, device_arch
 from ..errors import ArchError, UnsupportedConfigError, choices
 from .gating import check_instructions, ptx_instructions
-from .kernel import Kernel, _Signature
+from .kernel import Kernel, KernelSignature
 
 __all__ = ["compile", "resolve_target"]
 
@@ -66,7 +66,7 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None) ->
     attrs = func.attrs
     symbol = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
     instructions = check_instructions(ptx_instructions(func), arch, stacklevel=2)
-    signature = _Signature(func, symbol, out_idx)  # a bad out_idx fails before the compile
+    signature = KernelSignature(func, symbol, out_idx)  # a bad out_idx fails before the compile
     with tgt:
         executable = tvm.compile(func, target=tgt, tir_pipeline="tirx")
     return Kernel(func, arch, tgt, executable, symbol, instructions=instructions, signature=signature)
