@@ -17,6 +17,7 @@ import sys
 import time
 
 MIX_KEYS = ("HMMA", "IMMA", "QMMA", "HGMMA", "LDSM", "STSM", "LDGSTS", "LDG", "STG", "LDS", "STS", "BAR")
+HOPPER_KEYS = ("HGMMA", "UTMALDG", "UTMASTG", "STSM", "SYNCS", "USETMAXREG")
 
 
 def _cmd_table(args) -> int:
@@ -62,7 +63,38 @@ def _demo_gpu(args) -> int:
         flops = 2.0 * n ** 3
         print(f"  {dtype:9s} max|err| {err:.3e}  rel {rel:.2e}  {'PASS' if ok else 'FAIL'}  "
               f"mmaemit {flops / t_ours / 1e12:6.1f} TFLOP/s  torch.matmul {flops / t_torch / 1e12:6.1f} TFLOP/s")
+    if mmaemit.arch.device_arch().satisfies("sm_90a"):
+        failures += _demo_hopper_gpu(n)
     return 1 if failures else 0
+
+
+def _demo_hopper_gpu(n) -> int:
+    """The warp-specialized TMA + wgmma GEMM (C = A @ B^T, B stored [N, K]) beside torch.matmul on the same data."""
+    import torch
+
+    import mmaemit
+    from mmaemit.kernels.gemm_hopper import make_gemm_hopper
+    from mmaemit.runtime.timing import median_time
+
+    print(f"  Hopper: C = A @ B^T, {n}x{n}x{n}, TMA + mbarrier ring + warp-specialized persistent wgmma")
+    failures = 0
+    for dtype in ("float16", "bfloat16"):
+        kernel = mmaemit.compile(make_gemm_hopper(n, n, n, dtype)[0])
+        td = getattr(torch, dtype)
+        A = (torch.randn(n, n, device="cuda") / n ** 0.25).to(td)
+        B = (torch.randn(n, n, device="cuda") / n ** 0.25).to(td)
+        C = torch.full((n, n), float("nan"), dtype=td, device="cuda")
+        kernel(A, B, C)
+        ref = A.float() @ B.float().T
+        rel = ((C.float() - ref).norm() / ref.norm()).item()
+        ok = rel < (2e-3 if dtype == "float16" else 1e-2) and not torch.isnan(C).any().item()
+        failures += not ok
+        t_ours = median_time(lambda: kernel(A, B, C))
+        t_torch = median_time(lambda: torch.matmul(A, B.T))
+        flops = 2.0 * n ** 3
+        print(f"  {dtype:9s} rel {rel:.2e}  {'PASS' if ok else 'FAIL'}  mmaemit {flops / t_ours / 1e12:6.1f} TFLOP/s  "
+              f"torch.matmul {flops / t_torch / 1e12:6.1f} TFLOP/s")
+    return failures
 
 
 def _demo_cpu(args) -> int:
@@ -84,8 +116,24 @@ def _demo_cpu(args) -> int:
             failures += not ok
             shown = "  ".join(f"{k} {mix.get(k, 0)}" for k in MIX_KEYS if mix.get(k, 0))
             print(f"  {arch:7s} {dtype:9s} {shown}  ({dt:.1f} s)  {'PASS' if ok else 'FAIL: missing ' + str(need)}")
+    failures += _demo_hopper_cpu()
     failures += _demo_interpret()
     return 1 if failures else 0
+
+
+def _demo_hopper_cpu() -> int:
+    import mmaemit
+    from mmaemit.kernels.gemm_hopper import make_gemm_hopper
+
+    t0 = time.perf_counter()
+    kernel = mmaemit.compile(make_gemm_hopper(4096, 4096, 4096, "float16")[0], target="sm_90a")
+    mix = kernel.instruction_mix("sm_90a")
+    usage = kernel.resource_usage("sm_90a")
+    ok = all(mix.get(k, 0) > 0 for k in HOPPER_KEYS) and usage.spill_store_bytes == 0 and not mix.get("LDGSTS")
+    shown = "  ".join(f"{k} {mix.get(k, 0)}" for k in HOPPER_KEYS)
+    print(f"  sm_90a  Hopper TMA+wgmma GEMM  {shown}  ({time.perf_counter() - t0:.1f} s)  "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 def _demo_interpret() -> int:

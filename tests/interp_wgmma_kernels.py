@@ -3,7 +3,7 @@
 ``wgmma_gemm`` generalizes the probe the lead ran on an H100 (/work/wg_probe_verified.py: wgmma RS m64nNk16 f16, B
 K-major with the 128-byte swizzle, ldo=1, sdo=64, swizzle 3, +32 bytes per k16; max error 1e-5 vs torch for N = 64
 and 256): C[64, N] (f32) = A[64, KC] @ X[N, KC]^T with one warpgroup. Every layout below is written out by hand from
-the PTX ISA text, independently of ``mmaemit.interpret.wgmma``:
+the PTX ISA text, independently of ``mmaemit.ptx.wgmma``:
 
 * accumulator: ``acc[4j + 2h + e] = C[16 warp + g + 8h, 8j + 2c + e]`` (g = lane / 4, c = lane % 4);
 * A fragment (RS): ``a0 = A[16 warp + g, 2c..2c+1]``, ``a1`` rows + 8, ``a2`` columns + 8, ``a3`` both, low half first;

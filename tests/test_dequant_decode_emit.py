@@ -16,7 +16,8 @@ import mmaemit
 from mmaemit.dequant import QuantScheme, dequantize_codes, get_format, pack_for_mma, pack_zeros
 from mmaemit.dequant import decode as D
 from mmaemit.dequant import regops as R
-from mmaemit.emitters import TensorCoreIntrinEmitter, _ir
+from mmaemit.emitters import TensorCoreIntrinEmitter
+from mmaemit.emitters import builder as _ir
 from mmaemit.emitters.dequant import DequantBEmitter
 from mmaemit.errors import ArchError, ArgumentError, UnsupportedConfigError
 from mmaemit.layouts import mma_fragment

@@ -1,4 +1,4 @@
-"""Bit-exact checks of mmaemit.interpret.ptx against independent references (Python integers, exact fractions,
+"""Bit-exact checks of mmaemit.ptx against independent references (Python integers, exact fractions,
 ml_dtypes, and fragment coordinates transcribed by hand from the PTX ISA figures)."""
 from fractions import Fraction
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mmaemit import isa
-from mmaemit.interpret import ptx
+from mmaemit import ptx
 
 RNG = np.random.default_rng(1234)
 

@@ -1,7 +1,7 @@
 """Hopper wgmma on the CPU interpreter: descriptor and layout semantics against independent references, whole
 kernels against float64 matmuls, and the asynchronous-model diagnostics.
 
-References are independent of ``mmaemit.interpret.wgmma``: descriptor fields cut out of the binary string by the
+References are independent of ``mmaemit.ptx.wgmma``: descriptor fields cut out of the binary string by the
 PTX ISA bit table, TVM's own C encoder compiled on the host, shared-memory layouts enumerated by hand per swizzle
 mode (and the PTX ISA's worked tf32 example), fragment maps transcribed from the ISA, numpy float64 products.
 """
@@ -17,7 +17,7 @@ import interp_wgmma_kernels as K
 from mmaemit.errors import ArchError, UnsupportedConfigError
 from mmaemit.interpret import (DivergenceError, OutOfBoundsError, ProxyFenceError, WgmmaBeforeWaitError,
                                WgmmaFenceError, WgmmaOperandError, interpret)
-from mmaemit.interpret import wgmma as W
+from mmaemit.ptx import wgmma as W
 
 RNG = np.random.default_rng(2024)
 NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}

@@ -629,7 +629,7 @@ class DecodeProgram:
         """
         from tvm.script import tirx as T
 
-        from ..emitters import _ir
+        from ..emitters.builder import emit
 
         if len(out_regs) != self.registers:
             raise ArgumentError(f"{self.format} decodes into {self.registers} registers per word, "
@@ -671,7 +671,7 @@ class DecodeProgram:
             args = [_tir_operand(bind[s], dt) if isinstance(s, str) else _tir_imm(s.value, dt)
                     for s, dt in zip(src, src_dt)]
             dsts = [bind[d] for d in op.dst]
-            _ir.emit(_ir.ptx(op.ptx)(*dsts, *args))
+            emit(T.ptx[op.ptx](*dsts, *args))
             emitted.append(Op(op.ptx, op.dst, src, op.stage))
         return tuple(emitted)
 
@@ -804,9 +804,9 @@ def emit_broadcast_half(dst, src, high: bool = False):
     kernel turns one f16 / bf16 scale or zero (or a zero code) into the s_i / z_i operand pair. One PRMT."""
     from tvm.script import tirx as T
 
-    from ..emitters import _ir
+    from ..emitters.builder import emit
 
-    _ir.emit(T.ptx.prmt.b32(dst, src, src, T.uint32(0x3232 if high else 0x1010)))
+    emit(T.ptx.prmt.b32(dst, src, src, T.uint32(0x3232 if high else 0x1010)))
 
 
 def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_only=True) -> str:

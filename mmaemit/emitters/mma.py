@@ -32,7 +32,7 @@ from ..layouts.fragment import mma_fragment
 from ..layouts.operand_load import accumulator_store_plan, operand_load_plan
 from ..layouts.swizzle import make_mma_swizzle_layout
 from ..layouts.transposed_load import TransposedLoadPlan
-from . import _ir
+from . import builder as _ir
 
 WARP_ORDERS = ("m_fast", "n_fast")
 _OUT_DTYPES = {

@@ -1,12 +1,14 @@
 """``mmaemit.interpret``: execute the device code of a kernel on the CPU with exact PTX semantics.
 
 ``interpret(kernel, *args)`` lowers the PrimFunc exactly as ``tvm.compile(..., tir_pipeline="tirx")`` does for CUDA
-(``lowering``), compiles the resulting device PrimFunc into Python closures and runs every CTA with the threads
-vectorized in numpy (``machine``); PTX instructions follow ``ptx`` (bit-exact numpy semantics, reusable on their
-own). The returned ``InterpretReport`` lists diagnostics (out-of-bounds, uninitialized shared reads, shared-memory
+(``lowering``), compiles the resulting device PrimFunc into Python closures (``compiler``, ``intrinsics``, and
+``ptx_exec`` / ``wgmma_exec`` for ``T.ptx`` calls) and runs every CTA with the threads vectorized in numpy
+(``machine``: CTA state, barriers, diagnostics; ``access``: memory accesses and their checks). What each PTX
+instruction computes is defined once, below the interpreter, in ``mmaemit.ptx`` (bit-exact numpy semantics, reusable
+on their own). The returned ``InterpretReport`` lists diagnostics (out-of-bounds, uninitialized shared reads, shared-memory
 races, cp.async reads before the wait, wgmma operands touched before their wait_group, missing wgmma.fence /
 fence.proxy.async, ...), shared-memory bank conflicts per instruction and run statistics. Hopper ``wgmma`` runs with
-its asynchronous commit/wait model (``wgmma_exec``; semantics in ``wgmma``).
+its asynchronous commit/wait model (``wgmma_exec``; semantics in ``mmaemit.ptx.wgmma``).
 """
 import sys as _sys
 import types as _types

@@ -10,9 +10,11 @@ import numpy as np
 from ..arch import as_arch
 from ..errors import ArgumentError, choices
 from .diagnostics import InterpretReport, KernelFault
+from .compiler import KernelProgram
 from .lowering import lower
-from .machine import KernelProgram, Recorder, _NP, run_launch, split_dtype
+from .machine import Recorder, run_launch
 from .memory import FIRST_GLOBAL_RID, Region
+from .values import NP_DTYPES, split_dtype
 
 DEFAULT_ARCH = "sm_90a"
 
@@ -129,12 +131,12 @@ def _bind_args(prog, args):
         if not p.is_buffer:
             if not np.isscalar(x) and not (isinstance(x, np.ndarray) and x.ndim == 0):
                 raise ArgumentError(f"argument {p.name}: expected a {p.dtype} scalar, got {type(x).__name__}")
-            v = _NP[split_dtype(p.dtype)[0]].type(x)
+            v = NP_DTYPES[split_dtype(p.dtype)[0]].type(x)
             env[p.var.__chandle__()] = int(v) if p.dtype in ("int32", "int64") else v
             arrays.append(None)
             continue
         arr = _to_numpy(x, p.name)
-        want = _NP.get(split_dtype(p.dtype)[0])
+        want = NP_DTYPES.get(split_dtype(p.dtype)[0])
         if arr.dtype != want:
             raise ArgumentError(f"argument {p.name}: dtype {arr.dtype} does not match the kernel's {p.dtype}")
         if arr.ndim != len(p.shape):
@@ -237,7 +239,7 @@ def _source_shared_names(func):
                 allocs[b.__chandle__()] = "<dyn>" if scope == "shared.dyn" else b.name
                 try:
                     shape = tuple(int(x) for x in b.shape)
-                    npdt = _NP[split_dtype(str(b.dtype))[0]]
+                    npdt = NP_DTYPES[split_dtype(str(b.dtype))[0]]
                     if np.prod(shape) > 0:
                         out.append((0, int(np.prod(shape)) * npdt.itemsize, b.name, shape, npdt,
                                     allocs[b.__chandle__()]))
@@ -254,7 +256,7 @@ def _source_shared_names(func):
                 continue
             try:
                 shape = tuple(int(x) for x in b.shape)
-                npdt = _NP[split_dtype(str(b.dtype))[0]]
+                npdt = NP_DTYPES[split_dtype(str(b.dtype))[0]]
                 start = int(b.elem_offset) * npdt.itemsize
             except (TypeError, ValueError, KeyError):
                 continue

@@ -12,12 +12,16 @@ import operator
 import ml_dtypes
 import numpy as np
 
-from . import ptx
-from .machine import _INT_RANGE, _NP, REGION_SHIFT, OFFSET_MASK, SHARED_RID, _expr_dtype, np_dtype, split_dtype
+from .. import ptx
+from . import wgmma_exec
+from .access import cvta_to_shared
+from .values import INT_RANGE, NP_DTYPES, expr_dtype, np_dtype, split_dtype
+
+__all__ = ["compile_node", "compile_call"]
 
 
 def _wrapper_int(pyop, base):
-    lo, hi, mod = _INT_RANGE[base]
+    lo, hi, mod = INT_RANGE[base]
 
     def f(a, b):
         r = pyop(a, b)
@@ -66,7 +70,7 @@ def _binary_fn(t, base, is_float):
     }
     if t in table:
         op = table[t]
-        if base in _INT_RANGE:
+        if base in INT_RANGE:
             return _wrapper_int(op, base)
         if base in ("float16", "bfloat16"):
             return _narrow_float(op, base)
@@ -102,21 +106,21 @@ def compile_node(kp, e):
 
     t = type(e)
     if hasattr(e, "a") and hasattr(e, "b"):
-        base = split_dtype(_expr_dtype(e.a))[0]
+        base = split_dtype(expr_dtype(e.a))[0]
         is_float = base.startswith(("float", "bfloat"))
         fn = _binary_fn(t, base, is_float)
         if fn is None:
-            raise kp._unsupported(f"the expression node {t.__name__}")
-        fa, fb = kp._expr(e.a), kp._expr(e.b)
+            raise kp.unsupported(f"the expression node {t.__name__}")
+        fa, fb = kp.expr(e.a), kp.expr(e.b)
         return lambda st: fn(fa(st), fb(st))
     if t is tirx.Not:
-        fa = kp._expr(e.a)
+        fa = kp.expr(e.a)
         return lambda st: np.logical_not(fa(st))
     if t is tirx.BitwiseNot:
-        fa = kp._expr(e.a)
+        fa = kp.expr(e.a)
         return lambda st: ~fa(st)
     if t is tirx.Select:
-        fc, ft, ff = kp._expr(e.condition), kp._expr(e.true_value), kp._expr(e.false_value)
+        fc, ft, ff = kp.expr(e.condition), kp.expr(e.true_value), kp.expr(e.false_value)
 
         def select(st):
             c, a, b = fc(st), ft(st), ff(st)
@@ -127,7 +131,7 @@ def compile_node(kp, e):
     if t is tirx.Cast:
         return _cast(kp, e)
     if t is tirx.Ramp:
-        fb, fs = kp._expr(e.base), kp._expr(e.stride)
+        fb, fs = kp.expr(e.base), kp.expr(e.stride)
         lanes = int(e.lanes)
         ar = np.arange(lanes)
 
@@ -138,9 +142,9 @@ def compile_node(kp, e):
             return np.asarray(b)[..., None] + np.asarray(s)[..., None] * ar
         return ramp
     if t is tirx.Broadcast:
-        fv = kp._expr(e.value)
+        fv = kp.expr(e.value)
         lanes = int(e.lanes)
-        npdt = np_dtype(_expr_dtype(e))
+        npdt = np_dtype(expr_dtype(e))
 
         def bcast(st):
             v = fv(st)
@@ -149,7 +153,7 @@ def compile_node(kp, e):
             return np.repeat(np.asarray(v)[:, None], lanes, axis=1)
         return bcast
     if t is tirx.Shuffle:
-        fvs = [kp._expr(v) for v in e.vectors]
+        fvs = [kp.expr(v) for v in e.vectors]
         idx = [int(i) for i in e.indices]
 
         def shuffle(st):
@@ -159,21 +163,21 @@ def compile_node(kp, e):
             out = cat[..., idx]
             return out[..., 0] if len(idx) == 1 else out
         return shuffle
-    raise kp._unsupported(f"the expression node {t.__name__}")
+    raise kp.unsupported(f"the expression node {t.__name__}")
 
 
 def _cast(kp, e):
-    to_base, lanes = split_dtype(_expr_dtype(e))
-    from_base = split_dtype(_expr_dtype(e.value))[0]
-    fv = kp._expr(e.value)
+    to_base, lanes = split_dtype(expr_dtype(e))
+    from_base = split_dtype(expr_dtype(e.value))[0]
+    fv = kp.expr(e.value)
     to = np_dtype(to_base)
     from_float = from_base.startswith(("float", "bfloat"))
     to_int = to.kind in "iu"
 
     def cast(st):
         v = fv(st)
-        if np.ndim(v) == 0 and to_base in _INT_RANGE and not from_float and type(v) in (int, bool):
-            lo, hi, mod = _INT_RANGE[to_base]
+        if np.ndim(v) == 0 and to_base in INT_RANGE and not from_float and type(v) in (int, bool):
+            lo, hi, mod = INT_RANGE[to_base]
             v = int(v)
             return v if lo <= v <= hi else (v - lo) % mod + lo
         a = np.asarray(v)
@@ -186,7 +190,7 @@ def _cast(kp, e):
         else:
             out = a.astype(to)
         if out.ndim == 0:
-            return int(out) if to_base in _INT_RANGE else out[()]
+            return int(out) if to_base in INT_RANGE else out[()]
         return out
     return cast
 
@@ -222,41 +226,40 @@ def compile_call(kp, e):
 
     op = getattr(e.op, "name", None)
     if op is None:
-        raise kp._unsupported(f"calls to {e.op}")
+        raise kp.unsupported(f"calls to {e.op}")
     args = list(e.args)
-    out_dt = _expr_dtype(e)
+    out_dt = expr_dtype(e)
 
     if op == "tirx.buffer_data":
-        meta = kp._buf(args[0])
+        meta = kp.buffer(args[0])
         slot = meta.slot
         if meta.scope == "local":
-            raise kp._unsupported(f"taking the address of register buffer {meta.name}")
+            raise kp.unsupported(f"taking the address of register buffer {meta.name}")
         return lambda st: st.bufs[slot].region.base + st.bufs[slot].elem0 * st.bufs[slot].item
     if op == "tirx.address_of":
         load = args[0]
         if not isinstance(load, ir.TensorLoad):
-            raise kp._unsupported("address_of a non-buffer expression")
-        meta = kp._buf(load.source)
+            raise kp.unsupported("address_of a non-buffer expression")
+        meta = kp.buffer(load.source)
         if meta.scope == "local":
-            raise kp._unsupported(f"taking the address of register buffer {meta.name}")
-        fi = kp._expr(load.indices[0])
+            raise kp.unsupported(f"taking the address of register buffer {meta.name}")
+        fi = kp.expr(load.indices[0])
         slot = meta.slot
         return lambda st: _pointer_of(st, meta, st.bufs[slot], fi(st))
     if op == "tirx.tvm_access_ptr":
-        dt = np_dtype(_expr_dtype(args[0]))
-        fdata, foff = kp._expr(args[1]), kp._expr(args[2])
+        dt = np_dtype(expr_dtype(args[0]))
+        fdata, foff = kp.expr(args[1]), kp.expr(args[2])
         return lambda st: fdata(st) + np.asarray(foff(st), np.int64) * dt.itemsize
     if op == "tirx.type_annotation":
         return lambda st: None
     if op == "tirx.cuda.wgmma_encode_matrix_descriptor":
-        from .wgmma_exec import compile_encode_descriptor
-        return compile_encode_descriptor(kp, args)
+        return wgmma_exec.compile_encode_descriptor(kp, args)
     if op == "tirx.cuda.cvta_generic_to_shared":
-        fp = kp._expr(args[0])
+        fp = kp.expr(args[0])
         site = kp.site
         return lambda st: cvta_to_shared(st, fp(st), site)
     if op == "tirx.ptx.addr":
-        fb, fo = kp._expr(args[0]), kp._expr(args[1])
+        fb, fo = kp.expr(args[0]), kp.expr(args[1])
 
         def addr(st):
             b = fb(st)
@@ -266,8 +269,8 @@ def compile_call(kp, e):
             return b + int(o)
         return addr
     if op == "tirx.reinterpret":
-        fv = kp._expr(args[0])
-        src = split_dtype(_expr_dtype(args[0]))[0]
+        fv = kp.expr(args[0])
+        src = split_dtype(expr_dtype(args[0]))[0]
         dst = split_dtype(out_dt)[0]
         if src == "handle" or dst == "handle":
             return fv
@@ -276,25 +279,25 @@ def compile_call(kp, e):
         def reinterpret(st):
             out = np.asarray(fv(st)).astype(sdt, copy=False).view(ddt)
             if out.ndim == 0:
-                return int(out) if dst in _INT_RANGE else out[()]
+                return int(out) if dst in INT_RANGE else out[()]
             return out
         return reinterpret
     if op == "tirx.if_then_else":
         return _if_then_else(kp, args)
     if op in ("tirx.likely", "tirx.assume"):
-        return kp._expr(args[0])
+        return kp.expr(args[0])
     if op == "tirx.isnullptr":
         return lambda st: False
     if op in ("tirx.bitwise_and", "tirx.bitwise_or", "tirx.bitwise_xor", "tirx.shift_left", "tirx.shift_right"):
-        fa, fb = kp._expr(args[0]), kp._expr(args[1])
+        fa, fb = kp.expr(args[0]), kp.expr(args[1])
         base = split_dtype(out_dt)[0]
         pyop = {"tirx.bitwise_and": operator.and_, "tirx.bitwise_or": operator.or_,
                 "tirx.bitwise_xor": operator.xor, "tirx.shift_left": operator.lshift,
                 "tirx.shift_right": operator.rshift}[op]
-        fn = _wrapper_int(pyop, base) if base in _INT_RANGE else pyop
+        fn = _wrapper_int(pyop, base) if base in INT_RANGE else pyop
         return lambda st: fn(fa(st), fb(st))
     if op == "tirx.bitwise_not":
-        fa = kp._expr(args[0])
+        fa = kp.expr(args[0])
         return lambda st: ~fa(st)
     if op in ("tirx.cuda.__shfl_sync", "tirx.cuda.__shfl_up_sync", "tirx.cuda.__shfl_down_sync",
               "tirx.cuda.__shfl_xor_sync"):
@@ -308,21 +311,21 @@ def compile_call(kp, e):
     if op == "tirx.cuda.thread_rank":
         return lambda st: st.tid
     if op in ("tirx.cuda.uint_as_float", "tirx.cuda.float_as_uint"):
-        fv = kp._expr(args[0])
+        fv = kp.expr(args[0])
         src, dst = (np.uint32, np.float32) if op.endswith("uint_as_float") else (np.float32, np.uint32)
         return lambda st: _view(fv(st), src, dst)
     if op in ("tirx.cuda.half2float", "tirx.cuda.bfloat162float"):
-        fv = kp._expr(args[0])
+        fv = kp.expr(args[0])
         return lambda st: np.asarray(fv(st)).astype(np.float32)
     if op == "tirx.cuda.fdividef":
-        fa, fb = kp._expr(args[0]), kp._expr(args[1])
+        fa, fb = kp.expr(args[0]), kp.expr(args[1])
         return lambda st: np.float32(1) * fa(st) / fb(st)
     if op in ("tirx.call_extern", "tirx.call_pure_extern"):
         name = str(args[0].value)
-        rest = [kp._expr(a) for a in args[1:]]
+        rest = [kp.expr(a) for a in args[1:]]
         if name in _EXTERN_UNARY:
             s, d = _EXTERN_UNARY[name]
-            return lambda st: _view(rest[0](st), _NP[s], _NP[d])
+            return lambda st: _view(rest[0](st), NP_DTYPES[s], NP_DTYPES[d])
         if name in _EXTERN_MATH:
             fn = _EXTERN_MATH[name]
             npdt = np_dtype(out_dt)
@@ -335,22 +338,22 @@ def compile_call(kp, e):
         if name in ("fmaf", "__fmaf_rn"):
             def fmaf(st):
                 a, b, c = (np.asarray(f(st), np.float64) for f in rest)
-                hi, lo = ptx._two_sum(a * b, c)   # a*b is exact in float64 for float32 inputs
+                hi, lo = ptx.two_sum(a * b, c)   # a*b is exact in float64 for float32 inputs
                 return ptx.round_f64(hi, lo, "f32").view(np.float32)
             return fmaf
-        raise kp._unsupported(f"the extern function {name!r}")
+        raise kp.unsupported(f"the extern function {name!r}")
     if op in _MATH:
         fn = _MATH[op]
-        fa = kp._expr(args[0])
+        fa = kp.expr(args[0])
         npdt = np_dtype(out_dt)
         return lambda st: np.asarray(fn(np.asarray(fa(st)))).astype(npdt)[()]
     if op == "tirx.fma":
-        fa, fb, fc = (kp._expr(a) for a in args)
+        fa, fb, fc = (kp.expr(a) for a in args)
         return lambda st: fa(st) * fb(st) + fc(st)
     if op == "tirx.popcount":
-        fa = kp._expr(args[0])
+        fa = kp.expr(args[0])
         return lambda st: np.bitwise_count(np.asarray(fa(st)))
-    raise kp._unsupported(f"the intrinsic {op}")
+    raise kp.unsupported(f"the intrinsic {op}")
 
 
 def _where(c, a, b):
@@ -366,7 +369,7 @@ def _view(v, src, dst):
 
 
 def _if_then_else(kp, args):
-    fc, fa, fb = (kp._expr(a) for a in args)
+    fc, fa, fb = (kp.expr(a) for a in args)
 
     def ite(st):
         c = fc(st)
@@ -387,27 +390,12 @@ def _if_then_else(kp, args):
     return ite
 
 
-def cvta_to_shared(st, p, site):
-    """``__cvta_generic_to_shared``: generic pointer -> 32-bit shared-window address."""
-    p = np.asarray(p, np.int64)
-    rid = p >> REGION_SHIFT
-    bad = rid != SHARED_RID
-    if st.mask is not None and bad.ndim:
-        bad = bad & st.mask
-    if np.any(bad):
-        t = int(np.argmax(bad)) if bad.ndim else None
-        st.rec.fault(st, "out_of_bounds", site, "cvta.to.shared of a pointer that does not point into shared memory",
-                     thread=t)
-    out = (p & OFFSET_MASK).astype(np.uint32)
-    return out[()] if out.ndim == 0 else out
-
-
 def _shfl_intrinsic(kp, op, args):
     """CUDA ``__shfl*_sync(mask, var, lane/delta, width)`` = ``shfl.sync`` with c = ((32-width)<<8) | clamp."""
-    fmask, fv, fl, fw = (kp._expr(a) for a in args)
+    fmask, fv, fl, fw = (kp.expr(a) for a in args)
     mode = {"tirx.cuda.__shfl_sync": "idx", "tirx.cuda.__shfl_up_sync": "up",
             "tirx.cuda.__shfl_down_sync": "down", "tirx.cuda.__shfl_xor_sync": "bfly"}[op]
-    npdt = np_dtype(_expr_dtype(args[1]))
+    npdt = np_dtype(expr_dtype(args[1]))
 
     def shfl(st):
         v = np.broadcast_to(np.asarray(fv(st)).astype(npdt, copy=False), (st.T,)).reshape(st.W, 32)

@@ -31,10 +31,12 @@ import numpy as np
 
 from .. import isa
 from ..errors import UnsupportedConfigError
-from . import wgmma as W
-from .intrinsics import cvta_to_shared
-from .machine import _shared_check
-from .ptx_exec import _T, _active, _family, _writer
+from ..ptx import wgmma as W
+from .access import as_thread_vector, cvta_to_shared, shared_check
+from .ptxcall import decode_call, family_registry, register_writer
+
+#: family name -> compile function (filled by ``@_family`` below)
+FAMILIES, _family = family_registry()
 
 WARPGROUP = 128
 #: kernels whose register buffers are wgmma operands get these hooks; see ``operand_buffers``
@@ -83,8 +85,6 @@ def operand_buffers(func) -> set:
     from tvm import ir, tirx
     from tvm.backend.cuda.ptx.table import TABLE
 
-    from .ptx_exec import _decode
-
     out = set()
     for s in _stmts(func.body):
         if not (isinstance(s, tirx.Evaluate) and isinstance(s.value, ir.Call)):
@@ -93,7 +93,7 @@ def operand_buffers(func) -> set:
         fam = name[len("tirx.ptx."):] if name.startswith("tirx.ptx.") else ""
         if fam not in _ALL_MMA_FAMILIES:
             continue
-        _mods, ops, _pred = _decode(s.value, TABLE[fam])
+        _mods, ops, _pred = decode_call(s.value, TABLE[fam])
         for operand in ("d", "a"):
             for node in ops.get(operand, (None, []))[1]:
                 if isinstance(node, ir.TensorLoad):
@@ -102,7 +102,7 @@ def operand_buffers(func) -> set:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# register hooks (called by machine.py / ptx_exec.py for operand buffers)
+# register hooks (called by the compiled register accesses of operand buffers)
 # ----------------------------------------------------------------------------------------------------------------------
 
 def register_access(st, slot, idx, site, name, write, thr=None):
@@ -180,17 +180,17 @@ class _Reg:
         from tvm import ir
 
         if not isinstance(node, ir.TensorLoad):
-            raise kp._unsupported(f"the wgmma register operand {node} (expected a register buffer element)")
-        meta = kp._buf(node.source)
+            raise kp.unsupported(f"the wgmma register operand {node} (expected a register buffer element)")
+        meta = kp.buffer(node.source)
         if meta.scope != "local":
-            raise kp._unsupported(f"a wgmma register operand in {meta.scope} buffer {meta.name}")
+            raise kp.unsupported(f"a wgmma register operand in {meta.scope} buffer {meta.name}")
         self.slot = meta.slot
         self.name = meta.name
-        self.const = kp._const(node.indices[0])
-        self.fi = None if self.const is not None else kp._expr(node.indices[0])
+        self.const = kp.const(node.indices[0])
+        self.fi = None if self.const is not None else kp.expr(node.indices[0])
         self.npdt = meta.npdt
         if meta.npdt.itemsize != 4:
-            raise kp._unsupported(f"wgmma register {meta.name} of dtype {meta.npdt} (32-bit registers expected)")
+            raise kp.unsupported(f"wgmma register {meta.name} of dtype {meta.npdt} (32-bit registers expected)")
 
     def rows(self, st, t, site):
         """Register index per thread of ``t`` (an out-of-range index is reported and clamped)."""
@@ -247,7 +247,7 @@ def _read_matrix(st, site, desc_bits, t, rows, what, operand):
         # the four warps of the warpgroup all read the operand: a write by any warp needs a barrier before it
         reps = len(b)
         warps_t = t[::32][:4]
-        _shared_check(st, site, np.tile(b, (len(warps_t), 1)), np.repeat(warps_t, reps), write=False)
+        shared_check(st, site, np.tile(b, (len(warps_t), 1)), np.repeat(warps_t, reps), write=False)
         unf = smem.unfenced[b]
         if unf.any():
             k = np.argwhere(unf)[0]
@@ -282,7 +282,7 @@ def _wgmma_mma(kp, ops, mod, site):
     scale_a, scale_b = ops.imm("scale_a"), ops.imm("scale_b")
     d_regs = [_Reg(kp, node) for node in ops.nodes("d")]
     if len(d_regs) != n // 2:
-        raise kp._unsupported(f"{what} with {len(d_regs)} accumulator registers (expected {n // 2})")
+        raise kp.unsupported(f"{what} with {len(d_regs)} accumulator registers (expected {n // 2})")
     a_regs = [_Reg(kp, node) for node in ops.nodes("a")] if rs else []
     fa_desc = None if rs else ops.bits("a_desc")[0]
     fb_desc = ops.bits("b_desc")[0]
@@ -294,9 +294,9 @@ def _wgmma_mma(kp, ops, mod, site):
         if len(wgs) == 0:
             return
         state = st.wg
-        bdesc = _T(st, np.asarray(fb_desc(st), np.uint64))
-        adesc = None if rs else _T(st, np.asarray(fa_desc(st), np.uint64))
-        scale_d = _T(st, np.asarray(fscale(st)).astype(bool))
+        bdesc = as_thread_vector(st, np.asarray(fb_desc(st), np.uint64))
+        adesc = None if rs else as_thread_vector(st, np.asarray(fa_desc(st), np.uint64))
+        scale_d = as_thread_vector(st, np.asarray(fscale(st)).astype(bool))
         for g in wgs:
             t = _wg_threads(g)
             regs = [(r, r.rows(st, t, site)) for r in d_regs + a_regs]
@@ -400,6 +400,11 @@ def _wgmma_wait(kp, ops, mod, site):
     return run
 
 
+def setup_cta(st):
+    """Before a CTA of a kernel with wgmma operands: fresh wgmma bookkeeping."""
+    st.wg = WgmmaState(st.T)
+
+
 def finish_cta(st):
     """End of a CTA: operations never retired by a wgmma.wait_group leave their accumulators undefined."""
     if st.wg is not None and st.wg.ops:
@@ -411,7 +416,7 @@ def finish_cta(st):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# T.cuda.wgmma.encode_matrix_descriptor and fence.proxy.async
+# T.cuda.wgmma.encode_matrix_descriptor
 # ----------------------------------------------------------------------------------------------------------------------
 
 def compile_encode_descriptor(kp, args):
@@ -421,30 +426,19 @@ def compile_encode_descriptor(kp, args):
 
     dst = args[0]
     if not (isinstance(dst, ir.Call) and getattr(dst.op, "name", "") == "tirx.address_of"):
-        raise kp._unsupported(f"wgmma_encode_matrix_descriptor into {dst} (expected T.address_of(desc[i]))")
-    write = _writer(kp, dst.args[0])
-    fptr, fldo, fsdo, fswz = (kp._expr(a) for a in args[1:5])
+        raise kp.unsupported(f"wgmma_encode_matrix_descriptor into {dst} (expected T.address_of(desc[i]))")
+    write = register_writer(kp, dst.args[0])
+    fptr, fldo, fsdo, fswz = (kp.expr(a) for a in args[1:5])
     site = kp.site
 
     def run(st):
         sa = cvta_to_shared(st, fptr(st), site)
         v = W.encode_matrix_descriptor(np.asarray(sa).astype(np.int64), np.asarray(fldo(st)),
                                        np.asarray(fsdo(st)), np.asarray(fswz(st)))
-        write(st, _T(st, np.asarray(v, np.uint64)))
+        write(st, as_thread_vector(st, np.asarray(v, np.uint64)))
         return None
     return run
 
 
-def proxy_fence(st):
-    """``fence.proxy.async``: generic-proxy shared writes of the executing warps become visible to the async proxy."""
-    smem = st.smem
-    if st.mask is None:
-        smem.unfenced[:] = False
-        return
-    warps = np.unique(st.warp_of[_active(st)])
-    if len(warps):
-        smem.unfenced[np.isin(smem.w_warp, warps.astype(smem.w_warp.dtype))] = False
-
-
-__all__ = ["WgmmaState", "operand_buffers", "register_access", "finish_cta", "compile_encode_descriptor",
-           "proxy_fence", "WARPGROUP"]
+__all__ = ["FAMILIES", "WgmmaState", "operand_buffers", "register_access", "setup_cta", "finish_cta",
+           "compile_encode_descriptor", "WARPGROUP"]

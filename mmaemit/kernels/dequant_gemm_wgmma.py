@@ -85,7 +85,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     from mmaemit import isa, make_mma_swizzle_layout
     from mmaemit.arch import as_arch
     from mmaemit.dequant.kernel_layout import words_per_chunk
-    from mmaemit.kernels.dequant_gemm import check_scheme, grid_kernel, kernel_decode_program, pair_of_column
+    from mmaemit.kernels.dequant_parts import check_scheme, grid_kernel, kernel_decode_program, pair_of_column
     from mmaemit.layouts.raster import panel_swizzle
 
     arch = as_arch(arch or "sm_90a")

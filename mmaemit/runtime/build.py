@@ -8,7 +8,7 @@ import threading
 from ..arch import KNOWN_ARCHS, as_arch, device_arch
 from ..errors import ArchError, UnsupportedConfigError, choices
 from .gating import check_instructions, ptx_instructions
-from .kernel import Kernel, _Signature
+from .kernel import Kernel, KernelSignature
 from .toolchain import compile_cubin
 
 __all__ = ["compile", "resolve_target", "cached_jit", "cubin_cache_enabled"]
@@ -116,7 +116,7 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  #
     attrs = func.attrs
     symbol = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
     instructions = check_instructions(ptx_instructions(func), arch, stacklevel=2)
-    signature = _Signature(func, symbol, out_idx)  # a bad out_idx fails before the compile
+    signature = KernelSignature(func, symbol, out_idx)  # a bad out_idx fails before the compile
     jit = cached_jit(arch) if cubin_cache_enabled(cubin_cache) else contextlib.nullcontext()
     with tgt, jit:
         executable = tvm.compile(func, target=tgt, tir_pipeline="tirx")

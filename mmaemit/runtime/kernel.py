@@ -135,7 +135,7 @@ def _interpret_enabled() -> bool:
     return os.environ.get("MMAEMIT_INTERPRET", "") not in ("", "0")
 
 
-class _Signature:
+class KernelSignature:
     """The parameters of a PrimFunc as precomputed checks, split into inputs and ``out_idx`` outputs."""
 
     def __init__(self, prim_func, name: str, out_idx=None):
@@ -193,7 +193,7 @@ class Kernel:
     """
 
     def __init__(self, prim_func, arch, target, executable, name: str, out_idx=None, instructions=(),
-                 signature: "_Signature | None" = None):
+                 signature: "KernelSignature | None" = None):
         self.prim_func = prim_func
         self.arch: Arch = as_arch(arch)
         self.target = target
@@ -204,7 +204,7 @@ class Kernel:
         self.cuda_source: str = device_mods[0].inspect_source() if device_mods else ""
         self._fn = None
         self._device_ok: dict = {}
-        sig = signature if signature is not None else _Signature(prim_func, name, out_idx)
+        sig = signature if signature is not None else KernelSignature(prim_func, name, out_idx)
         self._params, self._slots, self.out_idx = sig.params, sig.slots, sig.out_idx
         self._inputs, self._outputs = sig.inputs, sig.outputs
         self._float_scalars = [p for p in self._inputs if isinstance(p, _ScalarParam) and

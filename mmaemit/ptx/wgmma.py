@@ -14,9 +14,9 @@ Transcribed from the PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accu
 * Register fragments (9.7.15.5.1.1.1, ``.m64nNk16``): warp w of the warpgroup holds rows 16w..16w+15; its A fragment
   is the ``mma.m16n8k16`` A fragment of those rows and its accumulator is the ``mma.m16n8`` C fragment of every
   8-column block j: ``d[4j + 2h + e] = D[16w + g + 8h, 8j + 2c + e]`` (g = lane / 4, c = lane % 4). The mma.m16n8
-  maps are read from ``mmaemit.layouts`` (through ``ptx.mma_a_coords`` / ``ptx.mma_c_coords``).
+  maps are read from ``mmaemit.layouts`` (through ``mma_a_coords`` / ``mma_c_coords`` of ``mmaemit.ptx.mma``).
 
-The product is formed like ``ptx.mma_sync``: exact products, float64 sum, one rounding to f32 (NVIDIA does not
+The product is formed like ``mmaemit.ptx.mma_sync``: exact products, float64 sum, one rounding to f32 (NVIDIA does not
 specify the accumulation order; compare with a tolerance).
 """
 from __future__ import annotations
@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LayoutError
-from . import ptx
+from .bits import half_values
+from .mma import mma_a_coords, mma_c_coords
+from .rounding import round_f64
 
 __all__ = ["MatrixDescriptor", "decode_matrix_descriptor", "encode_matrix_descriptor", "SWIZZLE_BYTES",
            "swizzle_address", "kmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma",
@@ -121,7 +123,7 @@ def kmajor_chunk_addresses(desc: MatrixDescriptor, rows: int, chunks: int = 2):
 def wgmma_a_coords(atype: str = "f16"):
     """(row, col) arrays (128, 8) of the A register fragment (``.m64nNk16``, 16-bit A): thread t's element i lives in
     register i // 2, half i % 2 (low half first)."""
-    r, c = ptx.mma_a_coords((16, 8, 16), atype, atype, "f32")           # (32, 8)
+    r, c = mma_a_coords((16, 8, 16), atype, atype, "f32")           # (32, 8)
     warp = np.arange(4)[:, None, None]
     return (r[None] + 16 * warp).reshape(128, -1), np.broadcast_to(c[None], (4,) + c.shape).reshape(128, -1)
 
@@ -129,16 +131,12 @@ def wgmma_a_coords(atype: str = "f16"):
 @functools.lru_cache(maxsize=None)
 def wgmma_d_coords(n: int):
     """(row, col) arrays (128, n // 2) of the f32 accumulator fragment of ``.m64nNk16``."""
-    r, c = ptx.mma_c_coords((16, 8, 16), "f16", "f16", "f32")           # (32, 4)
+    r, c = mma_c_coords((16, 8, 16), "f16", "f16", "f32")           # (32, 4)
     warp = np.arange(4)[:, None, None, None]
     j = np.arange(n // 8)[None, None, :, None]
     rows = np.broadcast_to(r[None, :, None, :] + 16 * warp, (4, 32, n // 8, 4))
     cols = np.broadcast_to(c[None, :, None, :] + 8 * j, (4, 32, n // 8, 4))
     return rows.reshape(128, -1), cols.reshape(128, -1)
-
-
-def _elems(bits, fmt):
-    return ptx._to_f64(np.asarray(bits).astype(np.uint16), fmt)
 
 
 def wgmma_mma(n: int, atype: str, a, b, d, scale_d, scale_a: int = 1, scale_b: int = 1):
@@ -148,9 +146,9 @@ def wgmma_mma(n: int, atype: str, a, b, d, scale_d, scale_a: int = 1, scale_b: i
     float32 accumulator input; ``scale_d``: bool (False ignores ``d``); ``scale_a``/``scale_b``: +1 or -1.
     Returns the (64, n) float32 result ``scale_a A . scale_b B + (scale_d ? d : 0)``, rounded once to f32.
     """
-    A = _elems(a, atype) * float(scale_a)
-    B = _elems(b, atype) * float(scale_b)
+    A = half_values(a, atype) * float(scale_a)
+    B = half_values(b, atype) * float(scale_b)
     C = np.asarray(d, np.float32).astype(np.float64) if scale_d else np.zeros((WGMMA_M, n))
     with np.errstate(all="ignore"):
         D = A @ B + C
-    return ptx.round_f64(D, 0.0, "f32").view(np.float32)
+    return round_f64(D, 0.0, "f32").view(np.float32)
