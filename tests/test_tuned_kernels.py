@@ -27,6 +27,24 @@ def test_gemm_candidates_cover_the_sweeps_and_contain_the_default(dtype, n):
     assert all(isinstance(c, GemmConfig) and c.stages in (3, 4) for c in cands)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8", "float8_e4m3fn"])
+def test_k_contiguous_gemms_on_hopper_add_the_wgmma_family(dtype):
+    from mmaemit.kernels.gemm_hopper import HopperGemmConfig
+
+    cands = valid(T.gemm_kernel, 4096, 4096, 4096, dtype, trans_b=True, arch="sm_90a")
+    hopper = [c for c in cands if isinstance(c, HopperGemmConfig)]
+    assert len(hopper) == 8 and len(cands) == 20
+    assert isinstance(T.gemm_kernel.default_params(4096, 4096, 4096, dtype, trans_b=True, arch="sm_90a")["config"],
+                      HopperGemmConfig)
+    assert not [c for c in valid(T.gemm_kernel, 4096, 4096, 4096, dtype, trans_b=True, arch="sm_80")
+                if isinstance(c, HopperGemmConfig)]
+    assert not [c for c in valid(T.gemm_kernel, 4096, 4096, 4096, dtype, arch="sm_90a")
+                if isinstance(c, HopperGemmConfig)]  # B [K, N] is not K-contiguous
+    func, _ = T.build_gemm(1024, 1024, 1024, dtype, trans_b=True, arch="sm_90a", config=hopper[-1])
+    out = T._out_dtype(dict(dtype=dtype))
+    assert str(func.params[2].dtype) == out  # every family fills the same C
+
+
 def test_gemm_prune_reasons_name_the_limit():
     reasons = [r for _, r in T.gemm_kernel.candidates(4096, 4096, 4096, "float16", arch="sm_86") if r]
     assert reasons and all("shared memory, sm_86 has 99 KiB" in r for r in reasons)

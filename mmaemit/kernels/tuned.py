@@ -10,13 +10,14 @@ or get the compiled winner for a problem and launch it yourself::
 
     kernel = gemm_kernel(M, N, K, "float16", arch="sm_90a")    # a mmaemit.Kernel: kernel(A, B, C)
 
-Candidate sets (the hand sweeps of ``benchmarks/`` that picked today's defaults): the GEMM's CTA tiles x
+Candidate sets (the hand sweeps of ``benchmarks/`` that picked today's defaults): the mma.sync GEMM's CTA tiles x
 ``stages`` 3 / 4 per operand width (12 for 16- and 8-bit operands, 8 for 4-bit; warp tiles 64 x 64), pruned by
-divisibility and the arch's shared memory; the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
+divisibility and the arch's shared memory, plus on sm_90a with A [M, K] and B [N, K] (``trans_b=True``) the Hopper
+TMA + wgmma GEMM's 8 (``block_n`` x ``stages`` x ``cluster_m``; fp8 unscaled, the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
 ``TiledConfig`` sweep plus, on sm_90a, the ``WgmmaConfig`` sweep (tuning decides between mma.sync and wgmma). The
 dequant table key buckets M to the next power of two. ``MMAEMIT_AUTOTUNE=0`` gives the hand-picked defaults.
 
-Adding a GEMM family (e.g. a Hopper wgmma GEMM): a config dataclass, a ``make(M, N, K, dtype, out_dtype=, trans_a=,
+Adding a GEMM family (as the Hopper GEMM is added below): a config dataclass, a ``make(M, N, K, dtype, out_dtype=, trans_a=,
 trans_b=, config=, arch=, b_dtype=) -> (prim_func, ...)`` and a function listing its candidate configs for the
 problem (``[]`` where it does not apply), then ``register_gemm_family(GemmFamily("wgmma", HopperConfig, make,
 configs))`` at the bottom of the family's module and ``import`` that module here (tuning workers import this module
@@ -31,6 +32,8 @@ from mmaemit.dtypes import bits, canonical, is_float
 from mmaemit.errors import ArgumentError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig, default_tiled_config, make_dequant_gemm
 from mmaemit.kernels.dequant_gemm_wgmma import WgmmaConfig, default_wgmma_config
+from mmaemit.kernels.gemm_hopper import DTYPES as HOPPER_DTYPES
+from mmaemit.kernels.gemm_hopper import HopperGemmConfig, make_gemm_hopper, smem_bytes
 from mmaemit.kernels.gemm_mma import GemmConfig, make_gemm
 from mmaemit.tuning import CudaBackend, autotune
 
@@ -123,6 +126,54 @@ def _mma_prune(config: GemmConfig, args):
 register_gemm_family(GemmFamily("mma.sync", GemmConfig, make_gemm, mma_gemm_configs, _mma_prune))
 
 
+def _num_sms() -> int:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).multi_processor_count
+    except ImportError:
+        pass
+    return 132
+
+
+def _hopper_applies(args) -> bool:
+    dt = canonical(args["dtype"])
+    return (args.get("arch") == "sm_90a" and dt in HOPPER_DTYPES and not args.get("trans_a", False)
+            and args.get("trans_b", False) and canonical(args.get("b_dtype") or dt) == dt)
+
+
+def hopper_gemm_configs(args) -> list:
+    """The Hopper GEMM's candidates (sm_90a, K-contiguous A [M, K] and B [N, K]): ``block_n`` 128 / 256 x ``stages``
+    3 / 4 x ``cluster_m`` 1 / 2 (B multicast), two consumer warpgroups, the persistent grid = the GPU's SMs."""
+    if not _hopper_applies(args):
+        return []
+    sms = _num_sms()
+    return [HopperGemmConfig(block_n=bn, stages=st, cluster_m=cl, num_sms=sms)
+            for bn in (256, 128) for st in (4, 3) for cl in (1, 2)]
+
+
+def _make_hopper(M, N, K, dtype, *, out_dtype, trans_a, trans_b, config, arch, b_dtype=None):
+    # the GEMM's output dtype convention (:func:`_out_dtype`) so every family fills the same C; fp8 unscaled
+    args = dict(dtype=dtype, out_dtype=out_dtype)
+    return make_gemm_hopper(M, N, K, dtype, _out_dtype(args), trans_a, trans_b, config=config, arch=arch,
+                            scaled=False if canonical(dtype).startswith("float8") else None)
+
+
+def _hopper_prune(config: HopperGemmConfig, args):
+    dt = canonical(args["dtype"])
+    out = _out_dtype(args)
+    if args["K"] * bits(dt) // 8 % 16 or args["N"] * bits(out) // 8 % 16:
+        return "rows of A / B / C must be multiples of 16 bytes for TMA"
+    need = smem_bytes(dt, out, config)
+    if need > SMEM_BYTES["sm_90a"]:
+        return f"needs {need >> 10} KiB of shared memory, sm_90a has {SMEM_BYTES['sm_90a'] >> 10} KiB"
+    return True
+
+
+register_gemm_family(GemmFamily("wgmma", HopperGemmConfig, _make_hopper, hopper_gemm_configs, _hopper_prune))
+
+
 def gemm_configs(args) -> list:
     """Every registered family's candidates for these GEMM arguments (the ``config`` axis of :data:`gemm_kernel`)."""
     out = []
@@ -137,8 +188,11 @@ def gemm_prune(params, args):
 
 
 def default_gemm_config(args) -> dict:
-    """Today's hand-picked configuration: ``GemmConfig()`` for 16-bit operands, 128x128x64 / 3 stages for 8- and
-    4-bit ones (block_k = 64 holds one k32 / k64 step per warp tile)."""
+    """Today's hand-picked configuration: the Hopper GEMM's ``HopperGemmConfig()`` where it applies (sm_90a,
+    A [M, K] and B [N, K]); else ``GemmConfig()`` for 16-bit operands, 128x128x64 / 3 stages for 8- and 4-bit ones
+    (block_k = 64 holds one k32 / k64 step per warp tile)."""
+    if _hopper_applies(args):
+        return {"config": HopperGemmConfig(num_sms=_num_sms())}
     if _operand_bits(args) == 16:
         return {"config": GemmConfig()}
     return {"config": GemmConfig(128, 128, 64, 64, 64, 3)}
