@@ -20,7 +20,11 @@ class Progress:
             enabled = False
         self._bar = None
         if enabled:
-            from tqdm import tqdm
+            try:
+                from tqdm import tqdm
+            except ImportError:  # a declared dependency; without it tuning still runs, with the summary line only
+                print(f"{desc}: {total} candidates (install tqdm for a progress bar)", file=self.file, flush=True)
+                return
 
             self._bar = tqdm(total=total, desc=desc, file=self.file, leave=True, dynamic_ncols=False, ncols=110,
                              mininterval=0.2, bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
