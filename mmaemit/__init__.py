@@ -7,6 +7,8 @@ Public API (imported lazily, so ``import mmaemit`` does not load TVM until you u
 * ``compile`` / ``Kernel`` - build a PrimFunc for an arch, call it on torch tensors, read its SASS (``mmaemit.runtime``)
 * ``isa`` - the instruction table every check reads
 * ``dequant`` - exact low-bit weight formats, quantize / pack / fragment order, GPTQ and BitBLAS import
+* ``autotune`` / ``tune`` - parameter spaces, parallel compilation, checked benchmarks, a persistent table of winners
+  (``mmaemit.tuning``)
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import importlib
 from . import isa
 from .arch import Arch, as_arch
 from .errors import (ArchError, ArgumentError, LayoutError, MmaemitError, PerformanceWarning, TileShapeError,
-                     ToolchainError, UnsupportedConfigError)
+                     ToolchainError, TuningError, UnsupportedConfigError)
 
 __version__ = "0.1.0"
 
@@ -28,10 +30,13 @@ _LAZY = {
     "InterpretReport": "mmaemit.interpret",
     "KernelFault": "mmaemit.interpret",
     "dequant": "mmaemit.dequant",
+    "autotune": "mmaemit.tuning",
+    "tune": "mmaemit.tuning",
+    "tuning": "mmaemit.tuning",
 }
 
 __all__ = ["isa", "Arch", "as_arch", "MmaemitError", "ArchError", "ArgumentError", "TileShapeError",
-           "UnsupportedConfigError", "LayoutError", "ToolchainError", "PerformanceWarning", *_LAZY]
+           "UnsupportedConfigError", "LayoutError", "ToolchainError", "TuningError", "PerformanceWarning", *_LAZY]
 
 
 def __getattr__(name):

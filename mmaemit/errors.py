@@ -38,3 +38,8 @@ def choices(values) -> str:
 
 class LayoutError(MmaemitError):
     """A layout map failed its own proof (not a bijection, inverse mismatch) or got coordinates outside its tile."""
+
+
+class TuningError(MmaemitError):
+    """Autotuning found no usable candidate (every one was pruned, failed, timed out or computed a wrong result), or
+    could not set up its benchmark; the message lists each candidate with its reason."""

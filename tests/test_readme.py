@@ -24,3 +24,15 @@ def test_quickstart_runs(capsys):
     runpy.run_path(str(ROOT / "examples" / "quickstart.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "HMMA" in out or "max |err|" in out
+
+
+def test_readme_autotune_example_is_the_example_file():
+    readme = (ROOT / "README.md").read_text()
+    code = (ROOT / "examples" / "autotune_gemm.py").read_text().rstrip("\n")
+    assert f"```python\n{code}\n```" in readme
+
+
+def test_autotune_example_runs(capsys):
+    runpy.run_path(str(ROOT / "examples" / "autotune_gemm.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "stages" in out

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from mmaemit import TensorCoreIntrinEmitter, make_mma_swizzle_layout
 from mmaemit.dtypes import bits, canonical, is_float
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
-from mmaemit.layouts.raster import panel_swizzle
+from mmaemit.layouts.raster import RASTER_ORDERS, raster_order
+from mmaemit.pipeline.cp_async import CpAsyncTile, cp_async_commit, cp_async_wait
 
 LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False), "TT": (True, True)}
 
@@ -46,6 +47,8 @@ class GemmConfig:
     stages: int = 3
     epilogue: str = "shared"  # "shared" (stmatrix + coalesced stores) or "global" (vector stores from registers)
     panel: int = 8            # CTA rasterization: tile-rows per panel for L2 reuse (1 = row-major launch order)
+    raster: str = "panel"     # tile order (mmaemit.layouts.raster): "row", "panel", "serpentine" or "grouped"
+    persistent: int = 0       # 0: one CTA per C tile; P > 0: min(P, tiles) CTAs, CTA c computes tiles c, c + P, ...
     n_tile: int = None        # mma micro tile width: 8 or 16 (None: the emitter's choice)
     reduce_k: int = 1         # warp groups splitting block_k (their partial sums are reduced through shared memory)
     warp_order: str = "m_fast"
@@ -79,6 +82,11 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
         raise UnsupportedConfigError(f"stages must be >= 2, not {cfg.stages}")
     if cfg.epilogue not in ("shared", "global"):
         raise UnsupportedConfigError(f"epilogue must be one of {choices(['shared', 'global'])}")
+    if cfg.raster not in RASTER_ORDERS:
+        raise UnsupportedConfigError(f"raster must be one of {choices(RASTER_ORDERS)}, not {cfg.raster!r}")
+    if not isinstance(cfg.persistent, int) or cfg.persistent < 0:
+        raise UnsupportedConfigError(f"persistent must be 0 (one CTA per tile) or a positive CTA count, not "
+                                     f"{cfg.persistent!r}")
     em = TensorCoreIntrinEmitter(dtype, b_dtype, accum_dtype, a_transposed=trans_a, b_transposed=trans_b,
                                  block_row_warps=cfg.block_m // cfg.warp_m, block_col_warps=cfg.block_n // cfg.warp_n,
                                  warp_row_tiles=cfg.warp_m, warp_col_tiles=cfg.warp_n, chunk=cfg.block_k, arch=arch,
@@ -91,82 +99,62 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
     swz_a = em.shared_swizzle("A", (S, *a_tile), a_sdtype)   # conflict-free for the operand's load pattern
     swz_b = em.shared_swizzle("B", (S, *b_tile), b_sdtype)
     swz_c = make_mma_swizzle_layout((BM, BN), out_dtype)
-    A_EPC, B_EPC = 128 // bits(a_sdtype), 128 // bits(b_sdtype)   # stored elements per 16-byte chunk
-    A_CPR, B_CPR = a_tile[1] // A_EPC, b_tile[1] // B_EPC         # chunks per shared row
-    A_ITERS, B_ITERS = a_tile[0] * A_CPR // THREADS, b_tile[0] * B_CPR // THREADS
     C_EPC = 128 // bits(out_dtype)
     C_CPR = BN // C_EPC
     C_ITERS = BM * C_CPR // THREADS
-    if A_ITERS * THREADS != a_tile[0] * A_CPR or B_ITERS * THREADS != b_tile[0] * B_CPR \
-            or C_ITERS * THREADS != BM * C_CPR:
-        raise TileShapeError(f"tiles {a_tile}/{b_tile} do not split evenly into 16-byte chunks over {THREADS} threads")
+    if C_ITERS * THREADS != BM * C_CPR:
+        raise TileShapeError(f"the C tile does not split evenly into 16-byte chunks over {THREADS} threads")
     a_shape, a_gdtype, _ = _packed_operand((K, M) if trans_a else (M, K), dtype)
     b_shape, b_gdtype, _ = _packed_operand((N, K) if trans_b else (K, N), b_dtype)
+    # 16-byte cp.async copies of each stage's tiles into the swizzled stages (mmaemit.pipeline.CpAsyncTile)
+    a_copy = CpAsyncTile(a_shape, a_sdtype, a_tile, THREADS, swz_a)
+    b_copy = CpAsyncTile(b_shape, b_sdtype, b_tile, THREADS, swz_b)
     use_smem_epilogue = cfg.epilogue == "shared"
     REDUCE = cfg.reduce_k > 1
     scratch_shape = em.reduce_scratch_shape if REDUCE else (1,)
     GM, GN = M // BM, N // BN
+    TILES = GM * GN
+    order = raster_order(cfg.raster, GM, GN, cfg.panel)
+    CTAS = min(cfg.persistent, TILES) if cfg.persistent else TILES
+    ROUNDS = -(-TILES // CTAS)
 
-    @T.prim_func
-    def gemm(A: T.Buffer(a_shape, a_gdtype), B: T.Buffer(b_shape, b_gdtype), C: T.Buffer((M, N), out_dtype)):
-        T.device_entry()
-        pid = T.cta_id([GM * GN])
-        bm = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[0])
-        bn = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[1])
-        warp = T.warp_id([NW])
-        lane = T.lane_id([32])
+    @T.inline
+    def tile(A, B, C, As, Bs, Scratch, Cs, A_frag, B_frag, C_frag, t, warp, lane):
+        # one C tile: linear tile id t, placed by the raster order
+        bm = T.meta_var(order.forward(t)[0])
+        bn = T.meta_var(order.forward(t)[1])
         tid = T.meta_var(warp * 32 + lane)
-        pool = T.SMEMPool()
-        As = pool.alloc((S, *a_tile), a_sdtype, align=1024)
-        Bs = pool.alloc((S, *b_tile), b_sdtype, align=1024)
-        pool.move_base_to(0)  # the split-K scratch and the C staging tile reuse the pipeline's memory after the loop
-        Scratch = pool.alloc(scratch_shape, em.c_fragment_dtype, align=1024)
-        Cs = pool.alloc((BM, BN), out_dtype, align=1024)
-        pool.commit()
-        A_frag, B_frag, C_frag = em.alloc_fragments()
         em.fill_accumulators(C_frag)
 
         @T.inline
         def load_tiles(stage, kt):
-            # 16-byte cp.async chunks; tile rows follow the operand's storage major
-            for t in T.unroll(A_ITERS):
-                q = T.meta_var(tid + t * THREADS)
-                r = T.meta_var(q // A_CPR)
-                c = T.meta_var(q % A_CPR * A_EPC)
-                if trans_a:
-                    T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz_a(stage, r, c)),
-                                                       A.ptr_to([kt * a_tile[0] + r, bm * BM // A_PACK + c]), 16)
-                else:
-                    T.ptx["cp.async.cg.shared.global"](As.ptr_to(swz_a(stage, r, c)),
-                                                       A.ptr_to([bm * BM + r, kt * a_tile[1] + c]), 16)
-            for t in T.unroll(B_ITERS):
-                q = T.meta_var(tid + t * THREADS)
-                r = T.meta_var(q // B_CPR)
-                c = T.meta_var(q % B_CPR * B_EPC)
-                if trans_b:
-                    T.ptx["cp.async.cg.shared.global"](Bs.ptr_to(swz_b(stage, r, c)),
-                                                       B.ptr_to([bn * BN + r, kt * b_tile[1] + c]), 16)
-                else:
-                    T.ptx["cp.async.cg.shared.global"](Bs.ptr_to(swz_b(stage, r, c)),
-                                                       B.ptr_to([kt * b_tile[0] + r, bn * BN // B_PACK + c]), 16)
+            # 16-byte cp.async pieces; tile rows follow the operand's storage major
+            if trans_a:
+                a_copy.load(As, stage, A, (kt * a_tile[0], bm * BM // A_PACK), tid)
+            else:
+                a_copy.load(As, stage, A, (bm * BM, kt * a_tile[1]), tid)
+            if trans_b:
+                b_copy.load(Bs, stage, B, (bn * BN, kt * b_tile[1]), tid)
+            else:
+                b_copy.load(Bs, stage, B, (kt * b_tile[0], bn * BN // B_PACK), tid)
 
         for s in T.unroll(S - 1):
             if s < KT:
                 load_tiles(s, s)
-            T.ptx["cp.async.commit_group"]()
+            cp_async_commit()
         for ko in T.serial(KT):
             # tile ko has landed once at most S-2 younger groups are pending; the barrier also tells every warp
             # that the stage about to be overwritten ((ko - 1) % S) is no longer read
-            T.ptx["cp.async.wait_group"](S - 2)
+            cp_async_wait(S - 2)
             T.cuda.cta_sync()
             if ko + S - 1 < KT:
                 load_tiles((ko + S - 1) % S, ko + S - 1)
-            T.ptx["cp.async.commit_group"]()  # unconditional: keeps the group count uniform
+            cp_async_commit()  # unconditional: keeps the group count uniform
             for ki in T.unroll(em.k_steps):
                 em.ldmatrix_a(A_frag, As[ko % S, 0:a_tile[0], 0:a_tile[1]], ki, warp=warp, lane=lane, layout=swz_a)
                 em.ldmatrix_b(B_frag, Bs[ko % S, 0:b_tile[0], 0:b_tile[1]], ki, warp=warp, lane=lane, layout=swz_b)
                 em.mma(A_frag, B_frag, C_frag)
-        T.ptx["cp.async.wait_group"](0)
+        cp_async_wait(0)
         if use_smem_epilogue or REDUCE:
             T.cuda.cta_sync()  # every warp is done reading the A/B stages that Scratch and Cs overlay
         if REDUCE:
@@ -183,6 +171,30 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
                 T.ptx["st.global.v4.b32"](C.ptr_to([bm * BM + r, bn * BN + c]), v[0], v[1], v[2], v[3])
         else:
             em.stmatrix(C_frag, C, warp=warp, lane=lane, block_row=bm, block_col=bn)
+
+    @T.prim_func
+    def gemm(A: T.Buffer(a_shape, a_gdtype), B: T.Buffer(b_shape, b_gdtype), C: T.Buffer((M, N), out_dtype)):
+        T.device_entry()
+        pid = T.cta_id([CTAS])
+        warp = T.warp_id([NW])
+        lane = T.lane_id([32])
+        pool = T.SMEMPool()
+        As = pool.alloc((S, *a_tile), a_sdtype, align=1024)
+        Bs = pool.alloc((S, *b_tile), b_sdtype, align=1024)
+        pool.move_base_to(0)  # the split-K scratch and the C staging tile reuse the pipeline's memory after the loop
+        Scratch = pool.alloc(scratch_shape, em.c_fragment_dtype, align=1024)
+        Cs = pool.alloc((BM, BN), out_dtype, align=1024)
+        pool.commit()
+        A_frag, B_frag, C_frag = em.alloc_fragments()
+        if CTAS == TILES:
+            tile(A, B, C, As, Bs, Scratch, Cs, A_frag, B_frag, C_frag, pid, warp, lane)
+        else:
+            # persistent: a grid-stride loop over tiles; the barrier keeps the next tile's first copies from
+            # overwriting shared memory (the pipeline stages, the C staging tile) that slower warps still read
+            for rnd in T.serial(ROUNDS):
+                if pid + rnd * CTAS < TILES:
+                    tile(A, B, C, As, Bs, Scratch, Cs, A_frag, B_frag, C_frag, pid + rnd * CTAS, warp, lane)
+                    T.cuda.cta_sync()
 
     return gemm, em
 

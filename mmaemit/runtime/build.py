@@ -1,12 +1,58 @@
 """``compile``: PrimFunc -> ``Kernel`` for one CUDA arch, with the arch checked before any nvcc/JIT runs."""
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+
 from ..arch import KNOWN_ARCHS, as_arch, device_arch
 from ..errors import ArchError, UnsupportedConfigError, choices
 from .gating import check_instructions, ptx_instructions
 from .kernel import Kernel, KernelSignature
+from .toolchain import compile_cubin
 
-__all__ = ["compile", "resolve_target"]
+__all__ = ["compile", "resolve_target", "cached_jit", "cubin_cache_enabled"]
+
+_JIT_CALLBACK = "tvm_callback_cuda_compile"
+_JIT_LOCK = threading.RLock()
+
+
+def cubin_cache_enabled(cubin_cache=None) -> bool:
+    """``cubin_cache`` if given, else ``$MMAEMIT_CUBIN_CACHE`` ("1" = on; default off)."""
+    if cubin_cache is not None:
+        return bool(cubin_cache)
+    return os.environ.get("MMAEMIT_CUBIN_CACHE", "0") not in ("", "0")
+
+
+def jit_through_cubin_cache(arch):
+    """The CUDA JIT callback that :func:`cached_jit` installs: CUDA source -> cubin bytes for ``arch``, built by nvcc
+    with ``toolchain.NVCC_FLAGS`` through the cubin cache (memory, then disk; nvcc only on a miss)."""
+    a = as_arch(arch)
+
+    def jit(code, *_):
+        return bytearray(compile_cubin(str(code), a).data)
+
+    return jit
+
+
+@contextlib.contextmanager
+def cached_jit(arch):
+    """While active, TVM's CUDA JIT (the ``tvm_callback_cuda_compile`` global that ``tvm.compile`` calls on a
+    machine with a CUDA driver) builds cubins with nvcc through mmaemit's cubin cache instead of NVRTC: a kernel
+    compiled before, by any process, loads from ``$MMAEMIT_CACHE_DIR`` without running a compiler, and the cubin that
+    runs is byte for byte the one ``Kernel.sass()`` disassembles. The previous callback is restored on exit."""
+    import tvm_ffi
+
+    with _JIT_LOCK:
+        previous = tvm_ffi.get_global_func(_JIT_CALLBACK, allow_missing=True)
+        tvm_ffi.register_global_func(_JIT_CALLBACK, jit_through_cubin_cache(arch), override=True)
+        try:
+            yield
+        finally:
+            if previous is not None:
+                tvm_ffi.register_global_func(_JIT_CALLBACK, previous, override=True)
+            else:
+                tvm_ffi.remove_global_func(_JIT_CALLBACK)
 
 
 def resolve_target(target=None):
@@ -46,7 +92,8 @@ def _single_prim_func(func):
     return func
 
 
-def compile(prim_func, target=None, out_idx=None, *, name: str | None = None) -> Kernel:  # noqa: A001
+def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  # noqa: A001
+            cubin_cache: bool | None = None) -> Kernel:
     """Compile a tirx PrimFunc for one CUDA arch and return a callable ``Kernel``.
 
     ``target``: None (the visible GPU's arch; ``ArchError`` with no GPU), "sm_80" / "sm_86" / "sm_89" / "sm_90" /
@@ -56,6 +103,9 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None) ->
     machine without a GPU this yields a source-only module: ``cuda_source``, ``sass()`` and ``instruction_mix()`` work,
     calling does not. ``out_idx``: index or indices (negative allowed) of output parameters the call allocates and
     returns. ``name``: the function / kernel symbol (default: the PrimFunc's ``global_symbol``).
+    ``cubin_cache``: True builds the GPU binary with nvcc through the on-disk cubin cache (:func:`cached_jit`; a
+    kernel built before by any process loads without compiling; the autotuner always does this); False keeps TVM's
+    own JIT (NVRTC); None (default) reads ``$MMAEMIT_CUBIN_CACHE`` ("1" = True, otherwise False).
     """
     import tvm
 
@@ -67,6 +117,7 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None) ->
     symbol = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
     instructions = check_instructions(ptx_instructions(func), arch, stacklevel=2)
     signature = KernelSignature(func, symbol, out_idx)  # a bad out_idx fails before the compile
-    with tgt:
+    jit = cached_jit(arch) if cubin_cache_enabled(cubin_cache) else contextlib.nullcontext()
+    with tgt, jit:
         executable = tvm.compile(func, target=tgt, tir_pipeline="tirx")
     return Kernel(func, arch, tgt, executable, symbol, instructions=instructions, signature=signature)

@@ -18,7 +18,7 @@ from ..errors import ToolchainError
 from .cache import CompileCache, cache_key
 
 __all__ = ["NVCC_FLAGS", "Cubin", "find_nvcc", "find_cuobjdump", "arch_flags", "compile_cubin", "sass_of_cubin",
-           "COMPILE_CACHE"]
+           "COMPILE_CACHE", "nvcc_version"]
 
 #: Flags besides the arch: TVM's nvcc JIT flags, plus -diag-suppress for the unused-variable noise TVM code makes.
 NVCC_FLAGS = (
@@ -113,6 +113,11 @@ def _nvcc_version(nvcc: str) -> str:
     except OSError as e:
         raise ToolchainError(f"cannot run {nvcc}: {e}") from e
     return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def nvcc_version() -> str:
+    """The last line of ``nvcc --version`` (e.g. "Build cuda_13.0.r13.0/compiler.36424714_0"), memoised."""
+    return _nvcc_version(find_nvcc())
 
 
 def _invoke_nvcc(cmd: list) -> subprocess.CompletedProcess:

@@ -1,0 +1,242 @@
+"""TMA (the Hopper bulk tensor copy engine): tensor maps, box loads into shared memory, box stores to global.
+
+A :class:`TmaTile` describes one tensor map: the global tensor (logical shape, outermost dimension first, as the
+kernel's ``T.Buffer`` declares it; dense row-major), the box that one copy moves (outermost first) and the shared
+memory swizzle the box lands in. The swizzle comes from the same :class:`mmaemit.layouts.SwizzleLayout` object that
+the consumer reads the tile through (``TmaTile.for_layout``), so a TMA box and a wgmma descriptor can never disagree.
+
+Hardware facts (CUDA driver ``cuTensorMapEncodeTiled``, PTX ISA ``cp.async.bulk.tensor``), all checked in Python
+before any code is generated:
+
+* rank 1..5; every global dimension in [1, 2^32]; the byte stride of every non-innermost dimension a multiple of 16
+  and below 2^40 (so the innermost row must hold a multiple of 16 bytes); the innermost dimension is contiguous.
+* every box dimension in [1, 256]; the innermost box extent times the element size a multiple of 16 bytes.
+* with a swizzle of S bytes (32, 64, 128) the innermost box row holds at most S bytes: a 128-byte-swizzled box of
+  fp16 is at most 64 elements wide. The swizzle is CuTe's ``Swizzle<log2(S/16), 4, 3>`` on the absolute shared
+  address (16-byte chunk bits [4, 4+b) ^= bits [7, 7+b)), which equals :class:`SwizzleLayout`'s row-based XOR when
+  every shared row is exactly S bytes and the tile starts on a ``8 * S``-byte boundary (1024 B for 128-byte
+  swizzle; the destination must be 128-byte aligned without swizzle).
+* out-of-bounds elements of a load are filled with zeros (or NaN, ``oob_fill="nan"``, floats only) and still count
+  towards the mbarrier's transaction bytes; out-of-bounds elements of a store are not written. So ragged M / N / K
+  need no padding by the caller.
+
+Code forms (what :meth:`TmaTile.load` / :meth:`TmaTile.store` emit; verified on the H100, see the notes):
+``cp.async.bulk.tensor.{r}d.shared::cluster.global.mbarrier::complete_tx::bytes[.multicast::cluster]`` and
+``cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group`` with ``cp.async.bulk.commit_group`` /
+``cp.async.bulk.wait_group[.read] N``. The map is encoded on the host for every launch
+(``T.tensormap_encode_tiled``) and reaches the kernel as a ``__grid_constant__ CUtensorMap``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import dtypes as _dt
+from ..errors import LayoutError, TileShapeError, UnsupportedConfigError, choices
+from .stmt import emit
+
+__all__ = ["TmaTile", "bulk_commit", "bulk_wait", "SWIZZLE_MODES", "OOB_FILLS", "L2_PROMOTIONS"]
+
+#: swizzle bytes -> CUtensorMapSwizzle enum value
+SWIZZLE_MODES = {0: 0, 32: 1, 64: 2, 128: 3}
+#: oob_fill -> CUtensorMapFloatOOBfill enum value
+OOB_FILLS = {"zero": 0, "nan": 1}
+#: L2 promotion bytes -> CUtensorMapL2promotion enum value
+L2_PROMOTIONS = {0: 0, 64: 1, 128: 2, 256: 3}
+
+_TMA_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "uint32", "float8_e4m3fn",
+               "float8_e5m2")
+
+
+@dataclass(frozen=True)
+class TmaTile:
+    """One TMA tensor map: ``global_shape`` / ``box`` are outermost-first element counts (``box`` has one entry per
+    global dimension; use 1 to take a single index of an outer dimension), ``swizzle_bytes`` 0/32/64/128.
+
+    ``multicast``: the cluster size a multicast load spreads over (1 = no multicast). ``l2_promotion``: 0, 64, 128 or
+    256 bytes. ``oob_fill``: ``"zero"`` or ``"nan"``.
+    """
+
+    global_shape: tuple
+    dtype: str
+    box: tuple
+    swizzle_bytes: int = 0
+    oob_fill: str = "zero"
+    l2_promotion: int = 128
+    multicast: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", _dt.canonical(self.dtype))
+        object.__setattr__(self, "global_shape", tuple(int(d) for d in self.global_shape))
+        object.__setattr__(self, "box", tuple(int(b) for b in self.box))
+        self._validate()
+
+    # -- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def for_layout(cls, global_shape, layout, *, box_outer=None, **kw) -> "TmaTile":
+        """The tensor map whose box fills one ``(rows, cols)`` tile of ``layout`` (a ``SwizzleLayout``; its leading
+        dims, e.g. pipeline stages, are separate boxes). Global dims beyond the last two get box extent 1 unless
+        ``box_outer`` gives them. The swizzle is the layout's; its rows must be exactly one swizzle span (or the
+        layout unswizzled)."""
+        rows, cols = layout.rows, layout.cols
+        sw = layout.swizzle_bytes
+        if sw and layout.row_bytes != sw:
+            raise LayoutError(
+                f"a {layout.row_bytes}-byte row with a {sw}-byte swizzle is not a TMA layout: TMA swizzles absolute "
+                f"addresses in {sw}-byte rows, so a box row holds at most {sw} bytes. Split the tile into "
+                f"{layout.row_bytes // sw} column atoms of {sw * 8 // layout.elem_bits} elements (a layout of shape "
+                f"(..., {layout.row_bytes // sw}, {rows}, {sw * 8 // layout.elem_bits})) and load one box per atom")
+        gs = tuple(int(d) for d in global_shape)
+        if len(gs) < 2:
+            box = (cols,)
+            if rows != 1:
+                raise TileShapeError(f"a rank-1 tensor map takes a one-row tile; the layout has {rows} rows")
+        else:
+            outer = tuple(box_outer) if box_outer is not None else (1,) * (len(gs) - 2)
+            if len(outer) != len(gs) - 2:
+                raise TileShapeError(f"box_outer needs {len(gs) - 2} extents for a rank-{len(gs)} tensor, "
+                                     f"got {len(outer)}")
+            box = (*outer, rows, cols)
+        return cls(gs, layout.dtype, box, sw, **kw)
+
+    # -- derived sizes ------------------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return len(self.global_shape)
+
+    @property
+    def elem_bytes(self) -> int:
+        return _dt.bits(self.dtype) // 8
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes one load moves into each destination CTA (the mbarrier transaction count), OOB fill included."""
+        n = 1
+        for b in self.box:
+            n *= b
+        return n * self.elem_bytes
+
+    @property
+    def smem_alignment(self) -> int:
+        """Required alignment of the shared-memory destination / source in bytes."""
+        return 8 * self.swizzle_bytes if self.swizzle_bytes else 128
+
+    def byte_strides(self) -> tuple:
+        """Byte strides of the dimensions above the innermost, innermost-first (what the encoder takes)."""
+        strides, acc = [], self.elem_bytes
+        for d in reversed(self.global_shape[1:]):
+            acc *= d
+            strides.append(acc)
+        return tuple(strides)
+
+    def _validate(self):
+        if self.dtype not in _TMA_DTYPES:
+            raise UnsupportedConfigError(f"TMA dtype {self.dtype!r} is not supported; valid: {choices(_TMA_DTYPES)}")
+        r = self.rank
+        if not 1 <= r <= 5:
+            raise UnsupportedConfigError(f"a tensor map has rank 1..5; got {r} dims {self.global_shape}")
+        if len(self.box) != r:
+            raise TileShapeError(f"box {self.box} needs one extent per global dimension ({r})")
+        for d in self.global_shape:
+            if not 1 <= d <= 2 ** 32:
+                raise TileShapeError(f"global dimension {d} of {self.global_shape} is outside [1, 2^32]")
+        inner_bytes = self.global_shape[-1] * self.elem_bytes
+        if r > 1 and inner_bytes % 16:
+            raise TileShapeError(
+                f"the innermost global dimension holds {inner_bytes} bytes ({self.global_shape[-1]} x {self.dtype}); "
+                f"TMA needs every row stride to be a multiple of 16 bytes, i.e. a multiple of "
+                f"{16 // self.elem_bytes} elements (pad the tensor's rows or use the cp.async path)")
+        for s in self.byte_strides():
+            if s >= 2 ** 40:
+                raise TileShapeError(f"a global stride of {s} bytes is >= 2^40")
+        for b in self.box:
+            if not 1 <= b <= 256:
+                raise TileShapeError(f"box extent {b} of {self.box} is outside [1, 256]")
+        box_inner = self.box[-1] * self.elem_bytes
+        if box_inner % 16:
+            raise TileShapeError(f"the innermost box extent is {box_inner} bytes; it must be a multiple of 16 bytes "
+                                 f"({16 // self.elem_bytes} x {self.dtype})")
+        if self.swizzle_bytes not in SWIZZLE_MODES:
+            raise UnsupportedConfigError(f"swizzle_bytes={self.swizzle_bytes!r}; valid: {choices(SWIZZLE_MODES)}")
+        if self.swizzle_bytes and box_inner > self.swizzle_bytes:
+            raise TileShapeError(
+                f"the innermost box row is {box_inner} bytes but a {self.swizzle_bytes}-byte swizzle allows at most "
+                f"{self.swizzle_bytes} ({self.swizzle_bytes // self.elem_bytes} x {self.dtype}); split the box")
+        if self.oob_fill not in OOB_FILLS:
+            raise UnsupportedConfigError(f"oob_fill={self.oob_fill!r}; valid: {choices(OOB_FILLS)}")
+        if self.oob_fill == "nan" and not _dt.is_float(self.dtype):
+            raise UnsupportedConfigError(f"oob_fill='nan' needs a float dtype, not {self.dtype}")
+        if self.l2_promotion not in L2_PROMOTIONS:
+            raise UnsupportedConfigError(f"l2_promotion={self.l2_promotion!r}; valid: {choices(L2_PROMOTIONS)}")
+        if not 1 <= self.multicast <= 16:
+            raise UnsupportedConfigError(f"multicast={self.multicast}: a cluster has 1..16 CTAs")
+
+    # -- code -----------------------------------------------------------------------------------------------------
+    def encode(self, buffer):
+        """Host code (before ``T.device_entry()``): bind a ``CUtensorMap`` for ``buffer`` and return it.
+
+        ``buffer`` must be the kernel parameter the map reads or writes, with this map's ``global_shape`` and dtype.
+        """
+        from tvm.script import tirx as T
+        from tvm.tirx.script.builder import ir as IRB
+
+        shape = [int(d) for d in buffer.shape]
+        if tuple(shape) != self.global_shape or _dt.canonical(str(buffer.dtype)) != self.dtype:
+            raise TileShapeError(f"buffer {buffer.name} is {shape} {buffer.dtype}; this tensor map describes "
+                                 f"{list(self.global_shape)} {self.dtype}")
+        tmap = IRB.Bind(T.tvm_stack_alloca("tensormap", 1), T.TensorMap)
+        r = self.rank
+        IRB.add_to_parent(IRB.evaluate(T.tensormap_encode_tiled(
+            tmap, buffer.data, *reversed(self.global_shape), *self.byte_strides(), *reversed(self.box), *([1] * r),
+            descriptor_dtype=self.dtype, rank=r, interleave=0, swizzle=SWIZZLE_MODES[self.swizzle_bytes],
+            l2_promotion=L2_PROMOTIONS[self.l2_promotion], oob_fill=OOB_FILLS[self.oob_fill])))
+        return tmap
+
+    def _coords(self, coords):
+        from tvm.script import tirx as T
+
+        if len(coords) != self.rank:
+            raise TileShapeError(f"{len(coords)} coordinates for a rank-{self.rank} tensor map (outermost first)")
+        return [T.Cast("int32", c) if not isinstance(c, int) else T.int32(c) for c in reversed(list(coords))]
+
+    def load(self, smem_ptr, tmap, coords, barrier_ptr, *, multicast_mask=None, pred=None) -> None:
+        """Emit one box load: global box at element ``coords`` (outermost first; may be out of bounds, the
+        outside is filled) -> shared ``smem_ptr``, completing ``box_bytes`` transaction bytes on the mbarrier at
+        ``barrier_ptr`` (of every destination CTA with ``multicast_mask``). One thread issues it (``pred``: the
+        threads where it is true, as a predicate instead of a branch)."""
+        from tvm.script import tirx as T
+
+        name = f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        args = [smem_ptr, T.address_of(tmap), *self._coords(coords), barrier_ptr]
+        if multicast_mask is not None:
+            if self.multicast < 2:
+                raise UnsupportedConfigError("multicast_mask given but this TmaTile was built with multicast=1")
+            name += ".multicast::cluster"
+            args.append(T.Cast("uint16", multicast_mask) if not isinstance(multicast_mask, int)
+                        else T.uint16(multicast_mask))
+        emit(T.ptx[name](*args, **({} if pred is None else {"pred": pred})))
+
+    def store(self, tmap, coords, smem_ptr, *, pred=None) -> None:
+        """Emit one box store: shared ``smem_ptr`` -> global box at ``coords`` (outside elements are dropped) in the
+        current bulk group; follow with :func:`bulk_commit`. The writing threads must have executed
+        ``fence.proxy.async.shared::cta`` and a barrier before. ``pred``: the issuing thread(s)."""
+        from tvm.script import tirx as T
+
+        emit(T.ptx[f"cp.async.bulk.tensor.{self.rank}d.global.shared::cta.tile.bulk_group"](
+            T.address_of(tmap), *self._coords(coords), smem_ptr, **({} if pred is None else {"pred": pred})))
+
+
+def bulk_commit() -> None:
+    """``cp.async.bulk.commit_group``: close the current bulk group of TMA stores."""
+    from tvm.script import tirx as T
+
+    emit(T.ptx.cp.async_.bulk.commit_group())
+
+
+def bulk_wait(n: int = 0, *, read: bool = True) -> None:
+    """``cp.async.bulk.wait_group[.read] n``: at most ``n`` bulk groups still pending (``read``: only their reads of
+    shared memory need to be done, so the buffer may be refilled)."""
+    from tvm.script import tirx as T
+
+    if not isinstance(n, int) or n < 0:
+        raise UnsupportedConfigError(f"bulk_wait takes a non-negative compile-time int, not {n!r}")
+    emit(T.ptx.cp.async_.bulk.wait_group.read(n) if read else T.ptx.cp.async_.bulk.wait_group(n))
