@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -473,3 +474,90 @@ def test_mbarrier_and_named_barrier_kernels_on_gpu():
         leader = e[w, 3] // 100
         assert 3 <= leader < 32 and (e[w, 3:] // 100 == leader).all() and (e[w, 3:] % 100).sum() == 1
         assert e[w, leader] % 100 == 1          # the interpreter elects the lowest active lane (3); PTX allows any
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# wgmma beyond f16 / bf16 (the library Hopper GEMM uses fp8 and int8 SS forms)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_wgmma_8bit_a_fragment_is_the_ptx_table():
+    """PTX ISA wgmma .m64nNk32 A fragment (8-bit): a0 = A[16w + g, 4c..4c+3], a1 rows + 8, a2 columns + 16, a3
+    both (bytes low first); tf32 .k8: a0 = (g, c), a1 = (g + 8, c), a2 = (g, c + 4), a3 = (g + 8, c + 4)."""
+    from mmaemit.ptx import wgmma as W
+
+    t = np.arange(128)
+    w, g, c = t // 32, (t % 32) // 4, t % 4
+    r, col = W.wgmma_a_coords("e4m3")
+    for reg in range(4):
+        for byte in range(4):
+            assert np.array_equal(r[:, 4 * reg + byte], 16 * w + g + 8 * (reg % 2))
+            assert np.array_equal(col[:, 4 * reg + byte], 4 * c + byte + 16 * (reg // 2))
+    r, col = W.wgmma_a_coords("tf32")
+    assert np.array_equal(r, np.stack([16 * w + g + 8 * (q % 2) for q in range(4)], 1))
+    assert np.array_equal(col, np.stack([c + 4 * (q // 2) for q in range(4)], 1))
+
+
+def test_wgmma_mma_integer_wraps_or_saturates_and_f16_accumulates_in_f16():
+    from mmaemit.ptx import wgmma as W
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (64, 32)).astype(np.uint8)
+    b = rng.integers(0, 256, (32, 16)).astype(np.uint8)
+    d = rng.integers(-2 ** 31, 2 ** 31, (64, 16)).astype(np.int32)
+    exact = a.view(np.int8).astype(np.int64) @ b.astype(np.int64) + d
+    wrapped = W.wgmma_mma(16, "s8", a, b, d, True, btype="u8", dtype="s32")
+    assert np.array_equal(wrapped.astype(np.int64), (exact + 2 ** 31) % 2 ** 32 - 2 ** 31)
+    sat = W.wgmma_mma(16, "s8", a, b, d, True, btype="u8", dtype="s32", satfinite=True)
+    assert np.array_equal(sat.astype(np.int64), np.clip(exact, -2 ** 31, 2 ** 31 - 1))
+    x = rng.standard_normal((64, 32)).astype(ml_dtypes.float8_e4m3fn)
+    y = rng.standard_normal((32, 8)).astype(ml_dtypes.float8_e5m2)
+    acc = rng.standard_normal((64, 8)).astype(np.float16)
+    got = W.wgmma_mma(8, "e4m3", x.view(np.uint8), y.view(np.uint8), acc, True, -1, 1, btype="e5m2", dtype="f16")
+    ref = -x.astype(np.float64) @ y.astype(np.float64) + acc
+    assert got.dtype == np.float16 and np.array_equal(got, ref.astype(np.float16))
+
+
+HOPPER_LIB = {
+    "f16_persistent": (200, 136, 200, "float16", None, dict(block_n=64, consumers=2, stages=2, num_sms=2,
+                                                             epilogue_boxes=1)),
+    "bf16_to_f32": (128, 128, 128, "bfloat16", "float32", dict(block_n=64, num_sms=2)),
+    "fp8_scaled": (128, 136, 96, "float8_e4m3fn", "float32", dict(block_n=64, num_sms=3, epilogue_boxes=1)),
+    "int8": (128, 128, 160, "int8", None, dict(block_n=64, num_sms=2, epilogue_boxes=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(HOPPER_LIB))
+def test_library_hopper_gemm_on_the_interpreter(name):
+    """mmaemit.kernels.gemm_hopper (TmaTile, MbarrierRing, WarpgroupRoles, persistent scheduler, TMA-store
+    epilogue) runs clean on the interpreter and matches float64 / exact integer references."""
+    from mmaemit.kernels.gemm_hopper import HopperGemmConfig, make_gemm_hopper
+
+    M, N, Kd, dt, out, cfg = HOPPER_LIB[name]
+    f, _ = make_gemm_hopper(M, N, Kd, dtype=dt, out_dtype=out, config=HopperGemmConfig(**cfg))
+    rng = np.random.default_rng(7)
+    npdt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+            "int8": np.int8}[dt]
+    if dt == "int8":
+        A = rng.integers(-128, 128, (M, Kd)).astype(np.int8)
+        B = rng.integers(-128, 128, (N, Kd)).astype(np.int8)
+    else:
+        A = rng.standard_normal((M, Kd)).astype(npdt)
+        B = rng.standard_normal((N, Kd)).astype(npdt)
+    outdt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
+             "int32": np.int32}[out or {"int8": "int32"}.get(dt, dt)]
+    C = np.full((M, N), -7 if outdt == np.int32 else np.nan, outdt)
+    ref = A.astype(np.float64) @ B.astype(np.float64).T
+    args = [A, B, C]
+    if dt.startswith("float8"):
+        sa, sb = np.array([0.5], np.float32), np.array([3.0], np.float32)
+        args += [sa, sb]
+        ref = ref * 1.5
+    report = interpret(f, *args)
+    assert report.ok, report.summary()
+    if outdt == np.int32:
+        assert np.array_equal(C.astype(np.int64), ref.astype(np.int64))
+    else:
+        got = C.astype(np.float64)
+        tol = {np.float16: 2e-3, ml_dtypes.bfloat16: 8e-3, np.float32: 1e-5}[outdt]
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())

@@ -300,18 +300,17 @@ def test_unimplemented_wgmma_type_names_what_is_implemented():
     from tvm.script import tirx as T
 
     @T.prim_func
-    def tf32(C: T.Buffer((64, 8), "float32")):
+    def b1(C: T.Buffer((64, 8), "uint32")):
         T.device_entry()
         _cta = T.cta_id([1])
         _warp = T.warp_id([4])
         _lane = T.lane_id([32])
-        acc = T.alloc_local((4,), "float32")
-        af = T.alloc_local((4,), "uint32")
+        acc = T.alloc_local((4,), "uint32")
         desc = T.alloc_local((1,), "uint64")
         T.ptx.wgmma.fence.sync.aligned()
-        T.ptx["wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32"](acc[0], acc[1], acc[2], acc[3], af[0], af[1],
-                                                                    af[2], af[3], desc[0], False, 1, 1)
+        T.ptx["wgmma.mma_async.sync.aligned.m64n8k256.s32.b1.b1.and.popc"](acc[0], acc[1], acc[2], acc[3], desc[0],
+                                                                           desc[0], False)
         C[0, 0] = acc[0]
 
-    with pytest.raises(UnsupportedConfigError, match=r"wgmma_tf32_rs.*implemented:.*wgmma_f16_rs"):
-        interpret(tf32, np.zeros((64, 8), np.float32), arch="sm_90a")
+    with pytest.raises(UnsupportedConfigError, match=r"wgmma_b1_ss.*implemented:.*wgmma_f16_rs"):
+        interpret(b1, np.zeros((64, 8), np.uint32), arch="sm_90a")

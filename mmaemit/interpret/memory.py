@@ -8,7 +8,9 @@ Shared memory shadow state, per byte, used for the diagnostics:
 * ``init``: written at least once (by a store, stmatrix, a landed cp.async or a TMA load);
 * ``w_warp``/``w_clock``: the last writer (a warp, or the TMA agent of an mbarrier, see below) and its own clock at the
   write (a cp.async counts as a write when issued and again when its data lands at the issuing thread's wait);
-* ``r_clock``: per warp, its own clock at its last read of the byte (0: never read);
+* ``r_clock``: per warp, its own clock at its last read of the byte (0: never read); per warpgroup, the sequence
+  number of the last retired wgmma that read it (a wgmma's reads stay the reading warps' until a ``wait_group``
+  retires it, then they belong to the warpgroup's wgmma agent, which every warp that retired it knows);
 * ``pending``: cp.async copies issued into the byte whose data has not landed yet;
 * ``wg_reading``: pending ``wgmma.mma_async`` operations that read the byte (writing it is a hazard);
 * ``bulk_reading``: TMA stores (``cp.async.bulk.tensor`` to global) whose read of the byte has not been waited for;
@@ -70,17 +72,27 @@ class VectorClocks:
 
     def __init__(self, warps: int):
         self.W = warps
-        self.vc = np.zeros((warps, warps), np.int32)
+        self.G = -(-warps // 4)       # reader agents: the wgmma operations of each warpgroup
+        self.vc = np.zeros((warps, warps + self.G), np.int32)
         self.vc[np.arange(warps), np.arange(warps)] = 1
-        self.agent_clock = []         # next clock of each agent
-        self.agent_names = []
+        self.agent_clock = [0] * self.G          # next clock of each agent
+        self.agent_names = [f"the wgmma operations of warpgroup {g}" for g in range(self.G)]
+
+    @property
+    def readers(self) -> int:
+        """Columns that can read shared memory: the warps, then each warpgroup's wgmma agent."""
+        return self.W + self.G
+
+    def wgmma_agent(self, group: int) -> int:
+        """The column of warpgroup ``group``'s wgmma operations (their shared-memory reads)."""
+        return self.W + group
 
     @property
     def width(self) -> int:
         return self.vc.shape[1]
 
     def add_agent(self, name: str) -> int:
-        """A new writer column (e.g. the TMA agent of an mbarrier); returns its index."""
+        """A new writer column (the TMA agent of an mbarrier); returns its index."""
         self.vc = np.concatenate([self.vc, np.zeros((self.W, 1), np.int32)], axis=1)
         self.agent_clock.append(0)
         self.agent_names.append(name)
@@ -124,7 +136,10 @@ class VectorClocks:
         return self.agent_clock[k]
 
     def writer_name(self, x: int) -> str:
-        return f"warp {x}" if x < self.W else f"the TMA agent of {self.agent_names[x - self.W]}"
+        if x < self.W:
+            return f"warp {x}"
+        name = self.agent_names[x - self.W]
+        return name if x < self.readers else f"the TMA agent of {name}"
 
 
 class SharedMemory(Region):
@@ -136,7 +151,8 @@ class SharedMemory(Region):
         self.init = np.zeros(n, bool)
         self.w_warp = np.full(n, -1, np.int16)
         self.w_clock = np.zeros(n, np.int32)
-        self.r_clock = np.zeros((n, max(warps, 1)), np.int32)
+        self.clocks = VectorClocks(max(warps, 1))
+        self.r_clock = np.zeros((n, self.clocks.readers), np.int32)
         self.pending = np.zeros(n, np.int16)
         self.wg_reading = np.zeros(n, np.int16)
         self.bulk_reading = np.zeros(n, np.int16)
@@ -144,7 +160,6 @@ class SharedMemory(Region):
         self.tma_origin = np.zeros(n // 16 + 1, np.int64)
         self.tma_map = np.full(n // 16 + 1, -1, np.int32)
         self._scratch = np.zeros(n, np.int16)
-        self.clocks = VectorClocks(max(warps, 1))
         self.dyn_offset = 0           # byte offset of the dynamic pool (after the static allocations)
         self.names = names            # [(start, end, name, shape, dtype)] for describing addresses
 
@@ -220,6 +235,8 @@ class SharedMemory(Region):
             parts.append(f"a write by {self.clocks.writer_name(x)}")
         if kind == "write":
             readers = [r for r in range(self.r_clock.shape[1]) if r != w and self.r_clock[byte, r] > know[r]]
-            if readers:
-                parts.append(f"a read by warp{'s' if len(readers) > 1 else ''} {', '.join(map(str, readers))}")
+            warps = [r for r in readers if r < self.clocks.W]
+            if warps:
+                parts.append(f"a read by warp{'s' if len(warps) > 1 else ''} {', '.join(map(str, warps))}")
+            parts += [f"a read by {self.clocks.writer_name(r)}" for r in readers if r >= self.clocks.W]
         return " and ".join(parts) or "an access by another warp in this instruction"

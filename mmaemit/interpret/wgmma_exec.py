@@ -21,9 +21,10 @@ Diagnostics (errors unless stated otherwise):
   stmatrix, cp.async) with no ``fence.proxy.async`` by the writing warp in between.
 * ``wgmma_operand``: a descriptor or ``scale-d`` that differs between the threads of a warpgroup.
 
-Supported: ``.m64n{8..256}k16.f32.{f16,bf16}.{f16,bf16}`` in the RS and SS forms, operands from shared memory in the
-K-major canonical layouts (no swizzle, 32-, 64-, 128-byte swizzle) with base offset 0. MN-major operands
-(``imm-trans-a/b`` = 1) and the other wgmma types are refused with ``UnsupportedConfigError``.
+Supported: every dense wgmma type in the RS and SS forms (``.f32`` / ``.f16`` accumulators of f16 / bf16, tf32 and
+e4m3 / e5m2 operands, ``.s32{.satfinite}`` of s8 / u8), operands from shared memory in the K-major canonical layouts
+(no swizzle, 32-, 64-, 128-byte swizzle) with base offset 0. MN-major operands (``imm-trans-a/b`` = 1) and b1 are
+refused with ``UnsupportedConfigError``.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ from .ptxcall import decode_call, family_registry, register_writer
 FAMILIES, _family = family_registry()
 
 #: kernels whose register buffers are wgmma operands get these hooks; see ``operand_buffers``
-_MMA_FAMILIES = ("wgmma_f16_rs", "wgmma_bf16_rs", "wgmma_f16_ss", "wgmma_bf16_ss")
+_MMA_FAMILIES = tuple(f"wgmma_{t}_{form}" for t in ("f16", "f16_f16acc", "bf16", "tf32", "fp8", "fp8_f16acc", "int")
+                      for form in ("rs", "ss"))
 _ALL_MMA_FAMILIES = tuple(f"wgmma_{t}_{form}" for t in ("f16", "f16_f16acc", "bf16", "tf32", "fp8", "fp8_f16acc",
                                                          "int", "b1") for form in ("rs", "ss"))
 
@@ -229,9 +231,10 @@ def _check_tma_layout(st, site, d, addr, rows, t, what, operand):
                  f"layout the descriptor assumes", thread=int(t[0]), buffer="shared", index=int(addr[r * o.shape[1] + j]))
 
 
-def _read_matrix(st, site, desc_bits, t, rows, what, operand):
-    """(rows, 16) uint16 elements of a K-major k16 operand read through a matrix descriptor, with the memory checks.
-    Returns (elements, byte addresses (N,) read) for the pending-read bookkeeping."""
+def _read_matrix(st, site, desc_bits, t, rows, what, operand, ebits=16):
+    """(rows, 32 bytes of K) elements of a K-major operand read through a matrix descriptor (``ebits``-bit elements:
+    (rows, 16) uint16, (rows, 32) uint8 or (rows, 8) uint32), with the memory checks. Returns (elements, byte
+    addresses (N,) read) for the pending-read bookkeeping."""
     d = W.decode_matrix_descriptor(desc_bits)
     if d.swizzle_bytes and d.base_offset:
         raise UnsupportedConfigError(f"{what}: {operand} descriptor with base offset {d.base_offset}; the interpreter "
@@ -265,7 +268,7 @@ def _read_matrix(st, site, desc_bits, t, rows, what, operand):
                          thread=int(t[0]), buffer=name, index=elem, detail=text or f"shared byte {byte}")
     data = np.zeros((len(addr), 16), np.uint8)
     data[ok] = smem.data[b]
-    return data.reshape(rows, 32).view(np.uint16), b.reshape(-1)
+    return data.reshape(rows, 32).view({8: np.uint8, 16: np.uint16, 32: np.uint32}[ebits]), b.reshape(-1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -276,22 +279,27 @@ def _read_matrix(st, site, desc_bits, t, rows, what, operand):
 def _wgmma_mma(kp, ops, mod, site):
     isa.require_feature("wgmma", kp.arch)
     shape, dtype, atype, btype = mod["shape"], mod["dtype"], mod["atype"], mod["btype"]
-    n = int(shape[len("m64n"):-len("k16")])
+    n, kdim = (int(x) for x in shape[len("m64n"):].split("k"))
     rs = ops.family.endswith("_rs")
-    what = f"wgmma.mma_async.sync.aligned.{shape}.{dtype}.{atype}.{btype} ({'RS' if rs else 'SS'})"
-    trans_b = ops.imm("trans_b")
-    trans_a = 0 if rs else ops.imm("trans_a")
+    satfinite = bool(mod.get("satfinite"))
+    what = (f"wgmma.mma_async.sync.aligned.{shape}{'.satfinite' if satfinite else ''}.{dtype}.{atype}.{btype} "
+            f"({'RS' if rs else 'SS'})")
+    trans_b = ops.imm("trans_b") if ops.nodes("trans_b") else 0
+    trans_a = ops.imm("trans_a") if ops.nodes("trans_a") else 0
     if trans_a or trans_b:
         raise UnsupportedConfigError(f"{what} with imm-trans-a={trans_a}, imm-trans-b={trans_b} (MN-major operands) at "
                                      f"{site.text()}; the interpreter implements K-major operands: imm-trans = 0")
-    scale_a, scale_b = ops.imm("scale_a"), ops.imm("scale_b")
+    scale_a = ops.imm("scale_a") if ops.nodes("scale_a") else 1
+    scale_b = ops.imm("scale_b") if ops.nodes("scale_b") else 1
     d_regs = [_Reg(kp, node) for node in ops.nodes("d")]
-    if len(d_regs) != n // 2:
-        raise kp.unsupported(f"{what} with {len(d_regs)} accumulator registers (expected {n // 2})")
+    per_reg = 2 if dtype == "f16" else 1                 # f16 accumulators: two per 32-bit register
+    if len(d_regs) * per_reg != n // 2:
+        raise kp.unsupported(f"{what} with {len(d_regs)} accumulator registers (expected {n // 2 // per_reg})")
     a_regs = [_Reg(kp, node) for node in ops.nodes("a")] if rs else []
     fa_desc = None if rs else ops.bits("a_desc")[0]
     fb_desc = ops.bits("b_desc")[0]
     fscale = ops.value("scale_d")
+    ebits = W.WGMMA_ELEMENT_BITS[atype]
     ar, ac = W.wgmma_a_coords(atype)
 
     def run(st):
@@ -320,19 +328,25 @@ def _wgmma_mma(kp, ops, mod, site):
                                      f"instruction since the last wgmma.fence (issue wgmma.fence.sync.aligned "
                                      f"between the register access and the wgmma)", thread=int(t[k]),
                                      buffer=r.name, index=int(rows[k]))
-            b_el, b_bytes = _read_matrix(st, site, _uniform(st, site, bdesc, t, "the B descriptor"), t, n, what, "B")
+            b_el, b_bytes = _read_matrix(st, site, _uniform(st, site, bdesc, t, "the B descriptor"), t, n, what, "B",
+                                         W.WGMMA_ELEMENT_BITS[btype])
             if rs:
                 bits = np.stack([r.read_bits(st, rows, t) for r, rows in regs[len(d_regs):]], -1)   # (128, 4)
-                lo_hi = np.stack([bits & 0xFFFF, bits >> 16], -1).reshape(WARPGROUP, -1).astype(np.uint16)
-                a_el = np.zeros((W.WGMMA_M, W.WGMMA_K), np.uint16)
-                a_el[ar, ac] = lo_hi
+                per = 32 // ebits
+                parts = [(bits >> np.uint32(e * ebits)) & np.uint32((1 << ebits) - 1) if ebits < 32 else bits
+                         for e in range(per)]
+                elems = np.stack(parts, -1).reshape(WARPGROUP, -1)
+                a_el = np.zeros((W.WGMMA_M, kdim), np.uint32)
+                a_el[ar, ac] = elems
                 a_bytes = np.zeros(0, np.int64)
             else:
                 a_el, a_bytes = _read_matrix(st, site, _uniform(st, site, adesc, t, "the A descriptor"), t,
-                                             W.WGMMA_M, what, "A")
+                                             W.WGMMA_M, what, "A", ebits)
             sd = bool(_uniform(st, site, scale_d, t, "scale-d"))
             smem_bytes = np.concatenate([b_bytes, a_bytes])
             np.add.at(st.smem.wg_reading, smem_bytes, 1)
+            warps_g = np.arange(4 * int(g), 4 * int(g) + 4)
+            issue_clocks = st.smem.clocks.own(warps_g)
             for r, rows in regs:
                 busy = state.busy.get(r.slot)
                 if busy is None or busy.shape != st.bufs[r.slot].shape:
@@ -340,10 +354,30 @@ def _wgmma_mma(kp, ops, mod, site):
                 np.add.at(busy, (rows, t), 1)
             state.ops.append({"wg": int(g), "group": int(state.committed[g]), "t": t, "regs": regs,
                               "d_regs": regs[:len(d_regs)], "a": a_el, "b": b_el.T, "scale_d": sd,
-                              "smem": smem_bytes, "n": n, "atype": atype, "scale_a": scale_a, "scale_b": scale_b})
+                              "smem": smem_bytes, "n": n, "atype": atype, "btype": btype, "dtype": dtype,
+                              "satfinite": satfinite, "scale_a": scale_a, "scale_b": scale_b,
+                              "warps": warps_g, "issue_clocks": issue_clocks})
         st.rec.count("wgmma", len(wgs))
 
     return run
+
+
+def _retire_reads(st, op):
+    """A retired wgmma's shared reads are complete for every warp that retired it (the whole warpgroup executes
+    the wait_group): move them from the issuing warps' read records to the warpgroup's wgmma agent, whose new clock
+    the warps learn, so that any of them releasing the buffer (e.g. one elected thread arriving on the ring's empty
+    barrier) orders the reads before a later write."""
+    smem = st.smem
+    clocks = smem.clocks
+    b = np.unique(op["smem"])
+    agent = clocks.wgmma_agent(op["wg"])
+    tick = clocks.agent_tick(agent)
+    for w, c in zip(op["warps"], op["issue_clocks"]):
+        col = smem.r_clock[b, w]
+        smem.r_clock[b, w] = np.where(col == c, 0, col)
+    smem.r_clock[b, agent] = tick
+    for w in op["warps"]:
+        clocks.vc[w, agent] = max(clocks.vc[w, agent], tick)
 
 
 def _retire(st, wgs, keep_newest):
@@ -358,17 +392,29 @@ def _retire(st, wgs, keep_newest):
             remaining.append(op)
             continue
         t = op["t"]
-        d_in = np.stack([r.read_bits(st, rows, t) for r, rows in op["d_regs"]], -1).view(np.float32)   # (128, n/2)
-        D = np.zeros((W.WGMMA_M, op["n"]), np.float32)
-        dr, dc = W.wgmma_d_coords(op["n"])
+        n, dtype = op["n"], op["dtype"]
+        bits = np.stack([r.read_bits(st, rows, t) for r, rows in op["d_regs"]], -1)          # (128, regs)
+        dr, dc = W.wgmma_d_coords(n)
+        if dtype == "f16":
+            d_in = np.stack([bits & 0xFFFF, bits >> 16], -1).reshape(WARPGROUP, -1).astype(np.uint16).view(np.float16)
+        else:
+            d_in = bits.view(np.int32 if dtype == "s32" else np.float32)
+        D = np.zeros((W.WGMMA_M, n), d_in.dtype)
         D[dr, dc] = d_in
-        out = W.wgmma_mma(op["n"], op["atype"], op["a"], op["b"], D, op["scale_d"], op["scale_a"], op["scale_b"])
-        vals = out[dr, dc].view(np.uint32)
+        out = W.wgmma_mma(n, op["atype"], op["a"], op["b"], D, op["scale_d"], op["scale_a"], op["scale_b"],
+                          btype=op["btype"], dtype=dtype, satfinite=op["satfinite"])
+        vals = out[dr, dc]
+        if dtype == "f16":
+            h = vals.view(np.uint16).astype(np.uint32).reshape(WARPGROUP, -1, 2)
+            vals = h[..., 0] | (h[..., 1] << np.uint32(16))
+        else:
+            vals = vals.view(np.uint32)
         for j, (r, rows) in enumerate(op["d_regs"]):
             r.write_bits(st, rows, t, vals[:, j])
         for r, rows in op["regs"]:
             np.add.at(state.busy[r.slot], (rows, t), -1)
         np.add.at(st.smem.wg_reading, op["smem"], -1)
+        _retire_reads(st, op)
     state.ops = remaining
 
 

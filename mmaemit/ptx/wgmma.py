@@ -1,6 +1,6 @@
 """Pure semantics of Hopper ``wgmma.mma_async`` (sm_90a): matrix descriptors, the K-major shared-memory layouts,
 register fragments and the warpgroup multiply-accumulate. Nothing here knows about TIR, threads or the memory model
-(that is ``wgmma_exec``); every function works on plain ints and numpy arrays.
+(the interpreter's ``wgmma_exec`` binds it); every function works on plain ints and numpy arrays.
 
 Transcribed from the PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate" (9.7.15):
 
@@ -11,13 +11,16 @@ Transcribed from the PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accu
   W-byte swizzle (W = 32/64/128) ``((8,m),(T,2k)):((W/16 T,SBO),(1,T))`` followed by ``Swizzle<log2(W/16),4,3>``
   on the byte address (16-byte chunk bits [4, 4+b) ^= bits [7, 7+b)). The swizzle acts on the absolute shared
   address, so a pattern whose repeat (1024/512/256 bytes) starts on that boundary has base offset 0.
-* Register fragments (9.7.15.5.1.1.1, ``.m64nNk16``): warp w of the warpgroup holds rows 16w..16w+15; its A fragment
-  is the ``mma.m16n8k16`` A fragment of those rows and its accumulator is the ``mma.m16n8`` C fragment of every
-  8-column block j: ``d[4j + 2h + e] = D[16w + g + 8h, 8j + 2c + e]`` (g = lane / 4, c = lane % 4). The mma.m16n8
-  maps are read from ``mmaemit.layouts`` (through ``mma_a_coords`` / ``mma_c_coords`` of ``mmaemit.ptx.mma``).
+* Register fragments (9.7.15.5.1.1.1, ``.m64nNkK``): warp w of the warpgroup holds rows 16w..16w+15; its A fragment
+  is the ``mma.m16n8kK`` A fragment of those rows (K = 16 for f16 / bf16, 32 for e4m3 / e5m2 / s8 / u8, 8 for tf32;
+  every row holds 32 bytes of K) and its accumulator is the ``mma.m16n8`` C fragment of every 8-column block j:
+  ``d[4j + 2h + e] = D[16w + g + 8h, 8j + 2c + e]`` (g = lane / 4, c = lane % 4; f16 accumulators pack two per
+  register). The mma.m16n8 maps are read from ``mmaemit.layouts`` (through ``mma_a_coords`` / ``mma_c_coords`` of
+  ``mmaemit.ptx.mma``).
 
-The product is formed like ``mmaemit.ptx.mma_sync``: exact products, float64 sum, one rounding to f32 (NVIDIA does not
-specify the accumulation order; compare with a tolerance).
+The product is formed like ``mmaemit.ptx.mma_sync``: exact products, float64 sum, one rounding to f32 / f16 (NVIDIA
+does not specify the accumulation order; compare with a tolerance); integer products are exact with int32
+wrap-around (or ``.satfinite`` clamping).
 """
 from __future__ import annotations
 
@@ -28,12 +31,13 @@ import numpy as np
 
 from ..errors import LayoutError
 from .bits import half_values
+from .floating import decode_f8
 from .mma import mma_a_coords, mma_c_coords
 from .rounding import round_f64
 
 __all__ = ["MatrixDescriptor", "decode_matrix_descriptor", "encode_matrix_descriptor", "SWIZZLE_BYTES",
            "swizzle_address", "kmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma",
-           "WGMMA_M", "WGMMA_K"]
+           "element_values", "WGMMA_M", "WGMMA_K", "WGMMA_K_OF", "WGMMA_ELEMENT_BITS"]
 
 WGMMA_M = 64
 #: K of one ``.m64nNk16`` instruction (f16 / bf16)
@@ -119,18 +123,27 @@ def kmajor_chunk_addresses(desc: MatrixDescriptor, rows: int, chunks: int = 2):
     return swizzle_address(desc.start + w * (r % 8) + desc.sbo * (r // 8) + 16 * j, w)
 
 
+#: K of one ``.m64nNkK`` instruction per A / B element type
+WGMMA_K_OF = {"f16": 16, "bf16": 16, "tf32": 8, "e4m3": 32, "e5m2": 32, "s8": 32, "u8": 32}
+#: bits per element of each wgmma operand type
+WGMMA_ELEMENT_BITS = {"f16": 16, "bf16": 16, "tf32": 32, "e4m3": 8, "e5m2": 8, "s8": 8, "u8": 8}
+
+
 @functools.lru_cache(maxsize=None)
 def wgmma_a_coords(atype: str = "f16"):
-    """(row, col) arrays (128, 8) of the A register fragment (``.m64nNk16``, 16-bit A): thread t's element i lives in
-    register i // 2, half i % 2 (low half first)."""
-    r, c = mma_a_coords((16, 8, 16), atype, atype, "f32")           # (32, 8)
+    """(row, col) arrays (128, elements) of the A register fragment (RS form) of ``.m64nNkK``: warp w of the
+    warpgroup holds rows 16w..16w+15 as the ``mma.m16n8kK`` A fragment (16-bit: K = 16, 8 elements in 4 registers,
+    low half first; 8-bit: K = 32, 16 bytes, low byte first; tf32: K = 8, 4 registers)."""
+    k = WGMMA_K_OF[atype]
+    r, c = mma_a_coords((16, 8, k), atype, atype, "s32" if atype in ("s8", "u8") else "f32")
     warp = np.arange(4)[:, None, None]
     return (r[None] + 16 * warp).reshape(128, -1), np.broadcast_to(c[None], (4,) + c.shape).reshape(128, -1)
 
 
 @functools.lru_cache(maxsize=None)
 def wgmma_d_coords(n: int):
-    """(row, col) arrays (128, n // 2) of the f32 accumulator fragment of ``.m64nNk16``."""
+    """(row, col) arrays (128, n // 2) of the accumulator elements of ``.m64nNkK`` (f32 / s32: one per register;
+    f16: register j holds elements 2j, 2j + 1, low half first)."""
     r, c = mma_c_coords((16, 8, 16), "f16", "f16", "f32")           # (32, 4)
     warp = np.arange(4)[:, None, None, None]
     j = np.arange(n // 8)[None, None, :, None]
@@ -139,16 +152,46 @@ def wgmma_d_coords(n: int):
     return rows.reshape(128, -1), cols.reshape(128, -1)
 
 
-def wgmma_mma(n: int, atype: str, a, b, d, scale_d, scale_a: int = 1, scale_b: int = 1):
-    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{atype}.{atype}`` on whole matrices.
+def element_values(bits, ptype: str):
+    """Exact values (float64, or int64 for s8 / u8) of wgmma operand elements given as bit patterns (uint16 for
+    f16 / bf16, uint8 for e4m3 / e5m2 / s8 / u8, uint32 for tf32: its low 13 bits are ignored)."""
+    if ptype in ("f16", "bf16"):
+        return half_values(bits, ptype)
+    if ptype in ("e4m3", "e5m2"):
+        return decode_f8(bits, ptype)
+    if ptype == "tf32":
+        return (np.asarray(bits).astype(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+    if ptype == "s8":
+        return np.asarray(bits).astype(np.uint8).view(np.int8).astype(np.int64)
+    if ptype == "u8":
+        return np.asarray(bits).astype(np.uint8).astype(np.int64)
+    raise ValueError(f"wgmma element type {ptype!r}; valid: {sorted(WGMMA_K_OF)}")
 
-    ``a``: (64, 16) element bit patterns (uint16) of A; ``b``: (16, n) uint16 of B (element (k, n)); ``d``: (64, n)
-    float32 accumulator input; ``scale_d``: bool (False ignores ``d``); ``scale_a``/``scale_b``: +1 or -1.
-    Returns the (64, n) float32 result ``scale_a A . scale_b B + (scale_d ? d : 0)``, rounded once to f32.
+
+def wgmma_mma(n: int, atype: str, a, b, d, scale_d, scale_a: int = 1, scale_b: int = 1, *, btype=None,
+              dtype: str = "f32", satfinite: bool = False):
+    """``wgmma.mma_async.sync.aligned.m64n{n}k{K}.{dtype}.{atype}.{btype}`` on whole matrices.
+
+    ``a``: (64, K) element bit patterns of A; ``b``: (K, n) of B (element (k, n)); ``d``: (64, n) accumulator input
+    (float32 values for f32, float16 for f16, int32 for s32); ``scale_d``: bool (False ignores ``d``);
+    ``scale_a``/``scale_b``: +1 or -1 (float types). Float: exact products, float64 sum, one rounding to ``dtype``
+    (NVIDIA does not specify the accumulation order: compare with a tolerance). Integer (s32): exact, wrapped to
+    int32 (clamped with ``satfinite``). Returns the (64, n) result as float32 / float16 / int32.
     """
-    A = half_values(a, atype) * float(scale_a)
-    B = half_values(b, atype) * float(scale_b)
-    C = np.asarray(d, np.float32).astype(np.float64) if scale_d else np.zeros((WGMMA_M, n))
+    btype = atype if btype is None else btype
+    A = element_values(a, atype)
+    B = element_values(b, btype)
+    if dtype == "s32":
+        C = np.asarray(d, np.int32).astype(np.int64) if scale_d else np.zeros((WGMMA_M, n), np.int64)
+        D = A @ B + C
+        if satfinite:
+            D = np.clip(D, -(2 ** 31), 2 ** 31 - 1)
+        return D.astype(np.int64).astype(np.uint64).astype(np.uint32).view(np.int32)
+    A = A * float(scale_a)
+    B = B * float(scale_b)
+    C = np.asarray(d).astype(np.float64) if scale_d else np.zeros((WGMMA_M, n))
     with np.errstate(all="ignore"):
         D = A @ B + C
+    if dtype == "f16":
+        return round_f64(D, 0.0, "f16").view(np.float16)
     return round_f64(D, 0.0, "f32").view(np.float32)
