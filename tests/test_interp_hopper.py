@@ -561,3 +561,13 @@ def test_library_hopper_gemm_on_the_interpreter(name):
         tol = {np.float16: 2e-3, ml_dtypes.bfloat16: 8e-3, np.float32: 1e-5}[outdt]
         assert not np.isnan(got).any()
         np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_clusters_of_more_than_one_cta_are_refused_clearly():
+    from mmaemit.kernels.gemm_hopper import HopperGemmConfig, make_gemm_hopper
+
+    f, _ = make_gemm_hopper(256, 128, 128, config=HopperGemmConfig(block_n=64, num_sms=2, cluster_m=2,
+                                                                     epilogue_boxes=1))
+    args = _gemm_args(256, 128, 128)
+    with pytest.raises(UnsupportedConfigError, match="clusters of one CTA"):
+        interpret(f, args[0], args[1], args[2].astype(np.float16))

@@ -310,6 +310,10 @@ def compile_call(kp, e):
             bits = (m.reshape(st.W, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=1)
             return np.repeat(bits.astype(np.uint32), 32)
         return activemask
+    if op == "tirx.cuda.mov_sreg" and "cluster" in str(getattr(args[-1], "value", "")):
+        raise kp.unsupported(f"the cluster special register %{args[-1].value}: the interpreter runs clusters of one "
+                             f"CTA (thread-block clusters, distributed shared memory and TMA multicast are not "
+                             f"implemented)")
     if op == "tirx.cuda.elect_sync":
         kp.use_unit(sync_exec)
         return sync_exec.compile_elect_sync(kp, args)
