@@ -73,7 +73,8 @@ def run_ncu(shape, cfg, out_dir) -> dict:
     cmd = [ncu, "--metrics", metrics, "--csv", "--kernel-name", "gemm_kernel", "--launch-skip", "1",
            "--launch-count", "1", sys.executable, __file__, str(out_dir), "--one", shape,
            f"{cfg.raster}:{cfg.panel}:{cfg.persistent}:{cfg.block_m}x{cfg.block_n}x{cfg.block_k}x{cfg.stages}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)))
     out = {}
     for row in csv.reader(proc.stdout.splitlines()):
         for name, key in (("lts__t_sector_hit_rate.pct", "l2_hit_pct"), ("dram__bytes_read.sum", "dram_read")):
