@@ -53,16 +53,9 @@ def parse_tile(text):
 
 
 def footprint_mb(order, wave, block_m, block_n, K) -> float:
-    from mmaemit.layouts.raster import raster_order
+    from mmaemit.layouts.raster import raster_order, wave_footprint_bytes
 
-    r = raster_order(order[0], *order[1:])
-    tiles = [r.forward(p) for p in range(r.size)]
-    worst = 0
-    for s in range(0, r.size, wave):
-        chunk = tiles[s:s + wave]
-        mb = (len({t[0] for t in chunk}) * block_m + len({t[1] for t in chunk}) * block_n) * K * 2 / 1e6
-        worst = max(worst, mb)
-    return worst
+    return wave_footprint_bytes(raster_order(order[0], *order[1:]), wave, block_m, block_n, K) / 1e6
 
 
 def run_ncu(shape, cfg, out_dir) -> dict:
@@ -199,7 +192,7 @@ def main(argv=None) -> int:
 
 def summary(rows, shapes, env, header_lines) -> str:
     lines = header_lines(env) + ["", "| shape | wave footprint row-major / best (MB) | row-major TFLOP/s | panel 8 "
-                                     "(default) | best order | best TFLOP/s | best persistent | best / row |",
+                                     "| best order | best TFLOP/s | best persistent | best / row |",
                                  "|---|---|---|---|---|---|---|---|"]
     score = {}
     for shape in shapes:

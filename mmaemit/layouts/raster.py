@@ -26,7 +26,10 @@ import numpy as np
 from ..errors import LayoutError, TileShapeError, UnsupportedConfigError, choices
 
 __all__ = ["RASTER_ORDERS", "RasterOrder", "RowMajorRaster", "PanelRaster", "GroupedRaster", "raster_order",
-           "panel_swizzle"]
+           "panel_swizzle", "wave_footprint_bytes", "choose_raster", "L2_BYTES"]
+
+# L2 capacity by SM major version (bytes): A100 40 MB, H100 50 MB. Used by choose_raster's default rule.
+L2_BYTES = {8: 40_000_000, 9: 50_000_000}
 
 RASTER_ORDERS = ("row", "panel", "serpentine", "grouped")
 
@@ -221,3 +224,30 @@ def panel_swizzle(pid, grid_m: int, grid_n: int, panel: int = 8):
     if not _is_int(panel) or panel < 1 or grid_m < 1 or grid_n < 1:
         raise TileShapeError(f"panel, grid_m and grid_n must be positive (got {panel}, {grid_m}, {grid_n})")
     return PanelRaster(grid_m, grid_n, panel).forward(pid)
+
+
+def wave_footprint_bytes(order: RasterOrder, wave: int, block_m: int, block_n: int, K: int, a_bytes: float = 2,
+                         b_bytes: float = 2) -> int:
+    """The largest number of distinct operand bytes (A panels ``block_m x K`` plus B panels ``K x block_n``) that
+    one wave of ``wave`` consecutive tile ids of ``order`` touches: what L2 must hold for those panels to be read from
+    DRAM once per wave."""
+    if wave < 1:
+        raise TileShapeError(f"wave must be >= 1, not {wave}")
+    worst = 0
+    for s in range(0, order.size, wave):
+        tiles = [order.forward(p) for p in range(s, min(order.size, s + wave))]
+        rows = len({t[0] for t in tiles})
+        cols = len({t[1] for t in tiles})
+        worst = max(worst, int(rows * block_m * K * a_bytes + cols * block_n * K * b_bytes))
+    return worst
+
+
+def choose_raster(grid_m: int, grid_n: int, block_m: int, block_n: int, K: int, wave: int, l2_bytes: int,
+                  a_bytes: float = 2, b_bytes: float = 2, panel: int = 8) -> tuple:
+    """The default tile order, ``(kind, panel)``, by the rule the H100 rasterization study measured
+    (docs/perf-notes.md, BENCHMARKS.md): row-major while one wave's panels fit in L2 (row-major was fastest there,
+    panel 8 lost 7-19 %), ``"panel"`` with ``panel`` rows once they do not (panel 8 won by 4-12 %)."""
+    row = RowMajorRaster(grid_m, grid_n)
+    if wave_footprint_bytes(row, wave, block_m, block_n, K, a_bytes, b_bytes) <= l2_bytes:
+        return "row", 1
+    return "panel", panel
