@@ -284,3 +284,159 @@ def make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads,
             epilogue(O_acc, O, LSE, m_i, l_i, tmp, warp, lane, h, q_start, q_row0, seq_q)
 
     return flash_attention, cfg
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torch entry points
+# ---------------------------------------------------------------------------------------------------------------------
+
+_KERNELS: dict = {}
+_CU_SEQLENS: dict = {}
+
+
+def attention_kernel(batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, dtype, causal, softmax_scale,
+                     arch, config=None):
+    """The compiled kernel for one problem (cached per process; built through the cubin cache so the SASS checked on
+    the CPU is what runs)."""
+    import mmaemit
+
+    key = (batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, canonical(dtype), bool(causal),
+           float(softmax_scale), str(arch), config)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        func, _ = make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, dtype,
+                                       causal, softmax_scale, config, arch)
+        kernel = _KERNELS[key] = mmaemit.compile(func, target=arch, cubin_cache=True)
+    return kernel
+
+
+def _dense_cu_seqlens(batch, seqlen, device):
+    import torch
+
+    key = (batch, seqlen, str(device))
+    cu = _CU_SEQLENS.get(key)
+    if cu is None:
+        cu = _CU_SEQLENS[key] = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=device)
+    return cu
+
+
+def _check_inputs(q, k, v, varlen):
+    import torch
+
+    from mmaemit.errors import ArgumentError
+
+    want = 3 if varlen else 4
+    names = "[total, heads, head_dim]" if varlen else "[batch, seqlen, heads, head_dim]"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != want:
+            raise ArgumentError(f"{name} must be a {want}-d torch tensor {names}")
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.dtype != q.dtype:
+            raise ArgumentError(f"{name}: dtype {t.dtype}; q, k, v must all be torch.float16 or all torch.bfloat16")
+        if t.device != q.device:
+            raise ArgumentError(f"{name} is on {t.device}, q on {q.device}")
+    if k.shape != v.shape:
+        raise ArgumentError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if q.shape[-1] != k.shape[-1] or q.shape[-1] not in HEAD_DIMS:
+        raise ArgumentError(f"head_dim of q ({q.shape[-1]}) and k ({k.shape[-1]}) must agree and be one of "
+                            f"{choices(HEAD_DIMS)}")
+    if q.shape[-2] % k.shape[-2]:
+        raise ArgumentError(f"k/v heads ({k.shape[-2]}) must divide q heads ({q.shape[-2]}) (GQA / MQA)")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ArgumentError(f"batch of q ({q.shape[0]}) and k ({k.shape[0]}) differ")
+
+
+def _run(q2, k2, v2, o2, lse, cu_q, cu_k, batch, max_seqlen_q, heads, kv_heads, head_dim, causal, scale, config):
+    dtype = "float16" if str(q2.dtype) == "torch.float16" else "bfloat16"
+    if q2.device.type == "cpu":   # no GPU: the CPU interpreter runs the same kernel (slow; small problems only)
+        from mmaemit.interpret import interpret
+
+        func, _ = make_flash_attention(batch, max_seqlen_q, q2.shape[0], k2.shape[0], heads, kv_heads, head_dim, dtype,
+                                       causal, scale, config, "sm_80")
+        interpret(func, q2, k2, v2, o2, lse, cu_q, cu_k, arch="sm_80")
+        return
+    from mmaemit.arch import device_arch
+
+    kernel = attention_kernel(batch, max_seqlen_q, q2.shape[0], k2.shape[0], heads, kv_heads, head_dim, dtype, causal,
+                              scale, device_arch(q2.device.index or 0).name, config)
+    kernel(q2, k2, v2, o2, lse, cu_q, cu_k)
+
+
+def flash_attention(q, k, v, causal=False, softmax_scale=None, config: AttentionConfig = None):
+    """Attention forward on ``[batch, seqlen, heads, head_dim]`` tensors (k / v: ``[batch, seqlen_k, kv_heads,
+    head_dim]``). Returns ``(O [batch, seqlen, heads, head_dim], LSE float32 [batch, heads, seqlen])``.
+
+    CUDA tensors run the compiled kernel (cached per shape); CPU tensors run it on the interpreter."""
+    import torch
+
+    _check_inputs(q, k, v, varlen=False)
+    B, S, H, D = q.shape
+    SK, HK = k.shape[1], k.shape[2]
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty((H, B * S), dtype=torch.float32, device=q.device)
+    cu_q = _dense_cu_seqlens(B, S, q.device)
+    cu_k = _dense_cu_seqlens(B, SK, q.device)
+    _run(q.view(B * S, H * D), k.view(B * SK, HK * D), v.view(B * SK, HK * D), o.view(B * S, H * D), lse, cu_q, cu_k,
+         B, S, H, HK, D, causal, scale, config)
+    return o, lse.view(H, B, S).permute(1, 0, 2)
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=False, softmax_scale=None,
+                           config: AttentionConfig = None):
+    """Attention over packed ragged sequences: q ``[total_q, heads, d]``, k / v ``[total_k, kv_heads, d]``,
+    ``cu_seqlens_*`` int32 ``[batch + 1]`` prefix sums of the lengths (on q's device), ``max_seqlen_q`` >= every query
+    length. Returns ``(O [total_q, heads, d], LSE float32 [heads, total_q])``."""
+    import torch
+
+    from mmaemit.errors import ArgumentError
+
+    _check_inputs(q, k, v, varlen=True)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
+            raise ArgumentError(f"{name} must be a 1-d torch.int32 tensor on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.shape[0] < 2:
+        raise ArgumentError("cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 2 entries")
+    TQ, H, D = q.shape
+    HK = k.shape[1]
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty((H, TQ), dtype=torch.float32, device=q.device)
+    _run(q.view(TQ, H * D), k.view(k.shape[0], HK * D), v.view(v.shape[0], HK * D), o.view(TQ, H * D), lse,
+         cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), H, HK, D,
+         causal, scale, config)
+    return o, lse
+
+
+def reference(q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """float64 reference (O, LSE) in the layouts ``flash_attention`` / ``flash_attention_varlen`` return (computed on
+    the CPU; bottom-right causal mask; rows that see no key: O = 0, LSE = -inf)."""
+    import torch
+
+    def one(qb, kb, vb):
+        H, HK, D = qb.shape[1], kb.shape[1], qb.shape[2]
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+        kb = kb.repeat_interleave(H // HK, 1)
+        vb = vb.repeat_interleave(H // HK, 1)
+        s = torch.einsum("qhd,khd->hqk", qb, kb) * scale
+        if causal:
+            sq, sk = qb.shape[0], kb.shape[0]
+            s = s.masked_fill(torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + sk - sq, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        return torch.einsum("hqk,khd->qhd", p, vb), lse
+
+    q, k, v = (t.detach().cpu().double() for t in (q, k, v))
+    if cu_seqlens_q is None:
+        outs = [one(q[b], k[b], v[b]) for b in range(q.shape[0])]
+        return torch.stack([o for o, _ in outs]), torch.stack([lse for _, lse in outs])
+    cq, ck = cu_seqlens_q.cpu().tolist(), cu_seqlens_k.cpu().tolist()
+    outs = [one(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]) for b in range(len(cq) - 1)]
+    return torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs], dim=1)
+
+
+def flops(batch, seqlen_q, seqlen_k, heads, head_dim, causal) -> float:
+    """Matmul FLOPs of the forward (4 * b * h * sq * sk * d; causal with equal lengths: half, the usual convention)."""
+    f = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
+    return f / 2 if causal else f
