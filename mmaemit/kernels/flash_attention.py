@@ -133,15 +133,18 @@ def make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads,
                 emit(T.ptx.shfl_sync.bfly.b32(tmp[0], x[r], T.uint32(d), T.uint32(0x1F), T.uint32(0xFFFFFFFF)))
                 store(x, op(x[r], tmp[0]), (r,))
 
-    def mask_scores(S, warp, lane, q_row0, seq_q, seq_k, k0):
-        """Scores of keys past the sequence (or after the query, causal) -> -inf."""
-        for (i, j, e) in s_slots:
-            m, n = em_s.accumulator_coords(lane, i, j, e)
-            col = k0 + n
-            limit = seq_k
+    def mask_scores(S, lim, warp, lane, q_row0, seq_q, seq_k, k0):
+        """Scores of keys past the sequence (or after the query, causal) -> -inf. ``lim[r]``: the first masked key of
+        row slot r, relative to the block."""
+        for r in range(R):
+            limit = seq_k - k0
             if causal:
-                limit = T.min(seq_k, q_row0 + warp * 16 * WR + m + 1 + seq_k - seq_q)
-            store(S, T.Select(col >= limit, T.float32(NEG_INF), S[i, j, e]), (i, j, e))
+                m = em_s.accumulator_coords(lane, r // 2, 0, 2 * (r % 2))[0]      # the row of slot r in the warp
+                limit = T.min(limit, q_row0 + warp * 16 * WR + m + 1 + seq_k - seq_q - k0)
+            store(lim, limit, (r,))
+        for (i, j, e) in s_slots:
+            n = em_s.accumulator_coords(lane, i, j, e)[1]
+            store(S, T.Select(n >= lim[row_slot(em_s, i, j, e)], T.float32(NEG_INF), S[i, j, e]), (i, j, e))
 
     def online_softmax(S, O, P, m_i, l_i, mx, mu, tmp):
         """Running max / sum update, O rescale, P = exp2(S * scale_log2 - m) packed into the P V A fragments."""
@@ -244,6 +247,7 @@ def make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads,
         mx = T.alloc_local((R,), "float32")
         mu = T.alloc_local((R,), "float32")
         tmp = T.alloc_local((R + 1,), "float32")
+        lim = T.alloc_local((R,), "int32")
         tid = T.meta_var(warp * 32 + lane)
         q_start: T.let[T.int32] = CuQ[b]
         seq_q: T.let[T.int32] = CuQ[b + 1] - CuQ[b]
@@ -272,7 +276,7 @@ def make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads,
                 cp_async_commit()
                 qk_gemm(Qs, Ks, n % ST, Qf, Kf, S, warp, lane)
                 if needs_mask(n, q_row0, seq_q, seq_k):
-                    mask_scores(S, warp, lane, q_row0, seq_q, seq_k, n * BN)
+                    mask_scores(S, lim, warp, lane, q_row0, seq_q, seq_k, n * BN)
                 online_softmax(S, O_acc, P, m_i, l_i, mx, mu, tmp)
                 cp_async_wait(1)            # V block n landed (K block n + 1 may be in flight)
                 T.cuda.cta_sync()
