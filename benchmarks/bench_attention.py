@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/bench_attention.py [--seqlens 4096 8192 16384] [--head-dims 64 128 256]
         [--causal 0 1] [--dtype float16] [--tokens 16384] [--hidden 2048] [--out FILE.md] [--prebuild-tests]
+        [--points 8192:64:1 ...]
 
 Shapes: batch = tokens / seqlen, heads = hidden / head_dim (16k tokens, hidden 2048: the FlashAttention papers'
 setting; batch x heads x query tiles fill the GPU). Each point: correctness first — mmaemit vs the float32 math of the
@@ -146,6 +147,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--points", nargs="+", default=None, help="explicit points SEQLEN:HEADDIM:CAUSAL (replaces the grid)")
     p.add_argument("--prebuild-tests", action="store_true", help="also build the GPU tests' kernels")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -153,6 +155,8 @@ def main(argv=None):
 
     arch = device_arch().name
     points = [(S, D, bool(c)) for D in args.head_dims for c in args.causal for S in args.seqlens]
+    if args.points:
+        points = [(int(a), int(b), bool(int(c))) for a, b, c in (x.split(":") for x in args.points)]
     keys = []
     for S, D, c in points:
         B, H = shape(S, D, args.tokens, args.hidden)
