@@ -38,6 +38,19 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer))
 
 
+def _is_expr(x) -> bool:
+    """A TIR integer expression (a symbolic grid extent), not a Python int."""
+    return not _is_int(x) and type(x).__module__.startswith("tvm")
+
+
+def _min(a, b):
+    if _is_int(a) and _is_int(b):
+        return min(a, b)
+    from tvm.script import tirx as T
+
+    return T.min(a, b)
+
+
 def _select(cond, a, b):
     if isinstance(cond, (bool, np.bool_)):
         return a if cond else b
@@ -52,9 +65,16 @@ class RasterOrder:
     name = "?"
 
     def __init__(self, grid_m: int, grid_n: int):
+        if self.symbolic_m and _is_expr(grid_m) and _is_int(grid_n) and grid_n >= 1:
+            self.grid_m, self.grid_n = grid_m, int(grid_n)     # a symbolic tile-row count (dynamic M)
+            return
         if not (_is_int(grid_m) and _is_int(grid_n)) or grid_m < 1 or grid_n < 1:
-            raise TileShapeError(f"grid_m and grid_n must be positive ints (got {grid_m!r}, {grid_n!r})")
+            raise TileShapeError(f"grid_m and grid_n must be positive ints (got {grid_m!r}, {grid_n!r})"
+                                 + ("" if not self.symbolic_m else "; grid_m may also be a TIR expression"))
         self.grid_m, self.grid_n = int(grid_m), int(grid_n)
+
+    #: whether ``forward`` takes a symbolic ``grid_m`` (a TIR expression: dynamic M)
+    symbolic_m = False
 
     @property
     def size(self) -> int:
@@ -139,7 +159,11 @@ class PanelRaster(RasterOrder):
     def __repr__(self):
         return f"PanelRaster({self.grid_m}x{self.grid_n}, panel={self.panel}{', serpentine' if self.serpentine else ''})"
 
+    symbolic_m = True
+
     def forward(self, pid):
+        if _is_expr(self.grid_m):
+            return self._forward_symbolic(pid)
         self._check_pid(pid)
         p = min(self.panel, self.grid_m)
         gn = self.grid_n
@@ -152,6 +176,22 @@ class PanelRaster(RasterOrder):
         col = local // rows
         if self.serpentine:
             col = _select(index % 2 == 1, gn - 1 - col, col)
+        return first_m + local % rows, col
+
+    def _forward_symbolic(self, pid):
+        # the same order with grid_m a TIR expression: the panel height and the last panel's rows are run-time values
+        from tvm.script import tirx as T
+
+        p = _min(self.panel, self.grid_m)
+        gn = self.grid_n
+        index = pid // (p * gn)
+        first_m = index * p
+        last = self.grid_m - (self.grid_m // p) * p
+        rows = T.Select(T.And(last != 0, first_m + p > self.grid_m), last, p)
+        local = pid % (p * gn)
+        col = local // rows
+        if self.serpentine:
+            col = T.Select(index % 2 == 1, gn - 1 - col, col)
         return first_m + local % rows, col
 
     def inverse(self, tile_m, tile_n):
@@ -221,6 +261,8 @@ def panel_swizzle(pid, grid_m: int, grid_n: int, panel: int = 8):
     Tile rows are taken ``panel`` at a time (the last panel may be shorter); inside a panel, consecutive ids go down
     the panel's rows first, then to the next tile column. ``panel=1`` is the plain row-major order.
     """
+    if _is_expr(grid_m) and _is_int(panel) and panel >= 1:
+        return PanelRaster(grid_m, grid_n, panel).forward(pid)
     if not _is_int(panel) or panel < 1 or grid_m < 1 or grid_n < 1:
         raise TileShapeError(f"panel, grid_m and grid_n must be positive (got {panel}, {grid_m}, {grid_n})")
     return PanelRaster(grid_m, grid_n, panel).forward(pid)
