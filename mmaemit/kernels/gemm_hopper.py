@@ -113,6 +113,9 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     ``trans_a=False``: A is [M, K]; ``trans_b=True``: B is [N, K] (the only majors this kernel takes: both operands
     K-contiguous). ``out_dtype`` None: the input dtype for 16-bit inputs, bfloat16 for fp8, int32 for int8.
     ``scaled`` (fp8 only; default True for fp8): take the two per-tensor scales.
+    ``M=None``: a symbolic M (an int32 variable bound from A's shape at every call; the tensor maps of A and C are
+    encoded from the arguments' shapes at every launch): one compiled kernel for every M >= 1, on ``num_sms``
+    persistent CTAs (those without a tile return at once); needs ``cluster_m=1``.
     """
     from tvm.script import tirx as T
 
@@ -153,7 +156,14 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     if BN // 2 + 40 > cfg.consumer_regs:
         raise UnsupportedConfigError(f"block_n={BN} needs {BN // 2} accumulator registers per thread; "
                                      f"consumer_regs={cfg.consumer_regs} leaves too few for the rest")
-    if M < 1 or N < 1 or K < 1:
+    DYN = M is None
+    if DYN:
+        import tvm
+
+        if cfg.cluster_m != 1:
+            raise UnsupportedConfigError(f"a symbolic M (M=None) takes cluster_m=1, not {cfg.cluster_m}")
+        M = tvm.tirx.Var("m", "int32")
+    elif not isinstance(M, int) or M < 1 or N < 1 or K < 1:
         raise TileShapeError(f"M, N, K must be >= 1; got {M}, {N}, {K}")
     eb_in, eb_out = bits(dtype) // 8, bits(out_dtype) // 8
     BK = SPAN // eb_in
@@ -181,11 +191,15 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     a_map_t = TmaTile.for_layout((M, K), em.shared_layout("A"))
     b_map_t = TmaTile.for_layout((N, K), make_wgmma_layout(BN // CL, BK, dtype, swizzle_bytes=SPAN), multicast=CL)
     c_map_t = TmaTile((M, N), out_dtype, (EPI_ROWS, OUT_COLS), SPAN)
-    GM = -(-M // BM)
-    GM = -(-GM // CL) * CL
     GN, KT = -(-N // BN), -(-K // BK)
     sms = _num_sms(cfg)
-    sched = PersistentTileScheduler(GM, GN, max(1, min(sms // CL, GM // CL * GN)), cfg.panel, CL)
+    if DYN:
+        GM = (M + (BM - 1)) // BM
+        sched = PersistentTileScheduler(GM, GN, sms, cfg.panel, 1)
+    else:
+        GM = -(-M // BM)
+        GM = -(-GM // CL) * CL
+        sched = PersistentTileScheduler(GM, GN, max(1, min(sms // CL, GM // CL * GN)), cfg.panel, CL)
     NW = sched.workers
     ring = MbarrierRing(ST, NC, CL)
     STAGE_BYTES = (BM + BN) * SPAN
