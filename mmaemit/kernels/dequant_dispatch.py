@@ -176,7 +176,20 @@ class DequantGemm:
             out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
         if M == 0:
             return out
-        path = self.path_for(M)
+        return self.run_path(self.path_for(M), A, W, S, Z, out=out)
+
+    def run_path(self, path, A, W, S, Z=None, out=None):
+        """Run one named path (any path serves any M >= 1, except the GEMVs: M <= 8 / 16), e.g. to time the
+        paths against each other; ``__call__`` picks by M."""
+        import torch
+
+        if path not in [r[0] for r in self.ranges]:
+            raise UnsupportedConfigError(f"path {path!r} is not one of this problem's {choices(r[0] for r in self.ranges)}")
+        M = A.shape[0]
+        if path.startswith("gemv") and M > (8 if path == "gemv8" else 16):
+            raise ArgumentError(f"path {path} serves M <= {8 if path == 'gemv8' else 16}, not M={M}")
+        if out is None:
+            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
         weights = (W, S) if Z is None else (W, S, Z)
         if self.interpret:
             from mmaemit.interpret import interpret as run
