@@ -13,6 +13,16 @@ GPTQ (AutoGPTQ ``QuantLinear``, GPTQModel), bits in {2, 4, 8}:
 * ``sym=True``: every zero must be 2^(b-1); the weight becomes offset-binary ``int{b}_ob`` with scales only
   (one operation less in the decode). ``sym=False``: ``uint{b}`` with ``zeros_mode`` original / rescale / quantized.
 
+AWQ (AutoAWQ ``GEMM`` version, 4-bit; the published format, no upstream code):
+
+* ``qweight`` int32 [K, N/8]: packed along **N** (not K): word ``qweight[k, w]`` holds the codes of the 8 output
+  columns ``8 w .. 8 w + 7`` of input row k, column ``8 w + AWQ_PACK_ORDER[i]`` in nibble i (bits ``4 i``), with
+  ``AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)`` (even columns in the low half-word: the interleave of AWQ's
+  fp16 dequant kernel);
+* ``qzeros`` int32 [K/g, N/8], packed the same way; ``scales`` fp16 [K/g, N];
+* dequantized weight ``W[n, k] = (q[k, n] - z[k // g, n]) * scales[k // g, n]``: zeros stored as is (no GPTQ-v1
+  style minus one), no act-order.
+
 BitBLAS (``bitblas.Matmul`` weight, NonTransform layout, int8 storage):
 
 * ``qweight`` int8 [N, K*b/8], packed along K little-endian within each byte
@@ -38,7 +48,7 @@ from .packing import pack, to_torch, unpack
 from .quantize import QuantizedWeight
 from .scaling import QuantScheme, pack_zeros
 
-__all__ = ["from_gptq", "from_bitblas"]
+__all__ = ["from_gptq", "from_awq", "from_bitblas", "AWQ_PACK_ORDER"]
 
 GPTQ_BITS = (2, 4, 8)
 
@@ -120,6 +130,60 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int, group_size: int
                                 f"zeros cannot hold; use zeros_mode='original' or v1_zero_wrap=True")
         zeros = pack_zeros(z.to(torch.uint8), bits, storage)
     return QuantizedWeight(pack(codes, bits, -1, storage), scales_ng, zeros, gi, scheme, (n, k))
+
+
+#: nibble i of an AWQ word holds column ``8 w + AWQ_PACK_ORDER[i]`` of its group of 8 output columns
+AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _unpack_awq_words(words, bits):
+    """int32 [R, N*b/32] packed along N in AWQ's order -> int64 codes [R, N] in column order."""
+    import torch
+
+    per = 32 // bits
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, bits, device=w.device)
+    nib = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)             # [R, N/8, 8]: nibble i
+    cols = torch.empty_like(nib)
+    cols[..., list(AWQ_PACK_ORDER)] = nib                                # column AWQ_PACK_ORDER[i] <- nibble i
+    return cols.reshape(w.shape[0], w.shape[1] * per)
+
+
+def from_awq(qweight, qzeros, scales, *, bits: int = 4, group_size: int = 128, zeros_mode: str = "quantized",
+             storage: str = "int32") -> QuantizedWeight:
+    """AWQ (AutoAWQ GEMM) tensors -> QuantizedWeight [N, K] ``uint4`` with zeros (see the module docstring)."""
+    import torch
+
+    if bits != 4:
+        raise UnsupportedConfigError(f"AWQ bits={bits}: the AWQ GEMM format packs 4-bit codes; valid: 4")
+    if zeros_mode not in ("quantized", "original", "rescale"):
+        raise UnsupportedConfigError(f"zeros_mode={zeros_mode!r}; valid: 'quantized', 'original', 'rescale'")
+    qweight = _int_tensor(qweight, "qweight", ("int32",))
+    qzeros = _int_tensor(qzeros, "qzeros", ("int32",))
+    sc, _ = to_torch(scales)
+    if qweight.dim() != 2:
+        raise ArgumentError(f"qweight must be 2-D [K, N*bits/32], got {tuple(qweight.shape)}")
+    k, n = qweight.shape[0], qweight.shape[1] * 32 // bits
+    g = k if group_size == -1 else group_size
+    if not isinstance(g, int) or g <= 0 or k % g:
+        raise ArgumentError(f"group_size={group_size} must be -1 or a positive divisor of K={k}")
+    groups = k // g
+    if tuple(qzeros.shape) != (groups, n * bits // 32) or tuple(sc.shape) != (groups, n):
+        raise ArgumentError(f"for K={k}, N={n}, bits={bits}, group_size={g}: qzeros must be [{groups}, "
+                            f"{n * bits // 32}] and scales [{groups}, {n}]; got {list(qzeros.shape)}, {list(sc.shape)}")
+    if not sc.dtype.is_floating_point:
+        raise ArgumentError(f"scales must be float, got {sc.dtype}")
+    codes = _unpack_awq_words(qweight, bits).transpose(0, 1).to(torch.uint8).contiguous()     # [N, K]
+    z = _unpack_awq_words(qzeros, bits).transpose(0, 1)                                        # [N, G]
+    scales_ng = sc.transpose(0, 1).contiguous()
+    scheme = QuantScheme(f"uint{bits}", group_size, zeros_mode)
+    if zeros_mode == "original":
+        zeros = z.to(sc.dtype)
+    elif zeros_mode == "rescale":
+        zeros = (z.to(torch.float64) * scales_ng.to(torch.float64)).to(torch.float32)
+    else:
+        zeros = pack_zeros(z.to(torch.uint8), bits, storage)
+    return QuantizedWeight(pack(codes, bits, -1, storage), scales_ng, zeros, None, scheme, (n, k))
 
 
 _BITBLAS_FORMATS = {

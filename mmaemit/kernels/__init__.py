@@ -4,6 +4,9 @@
 * :mod:`mmaemit.kernels.dequant_gemm` - low-bit weight GEMV / GEMM for every M (``make_dequant_gemm``)
 * :mod:`mmaemit.kernels.dequant_gemm_wgmma` - the Hopper wgmma path of the dequant GEMM (M > 128 on sm_90a)
 * :mod:`mmaemit.kernels.dequant_parts` - pieces both dequant kernels share (formats, decode program, PrimFunc)
+* :mod:`mmaemit.kernels.flash_attention` - FlashAttention forward on mma.sync (``flash_attention``,
+  ``flash_attention_varlen``, ``make_flash_attention``); :mod:`mmaemit.kernels.attention_op` registers it as
+  ``torch.ops.mmaemit.flash_attention``
 * :mod:`mmaemit.kernels.tuned` - the autotuned entry points (``tuned_gemm``, ``tuned_dequant_gemm``, ``gemm_kernel``,
   ``dequant_gemm_kernel``) and the GEMM family registry
 """
