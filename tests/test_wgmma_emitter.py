@@ -451,6 +451,10 @@ def test_emitter_on_gpu(a, b, acc, n, kw):
     got = C.double().cpu().numpy()
     if acc == "int32":
         assert np.array_equal(got, ref)
+    elif a.startswith("float8"):
+        # the H100's fp8 wgmma does not accumulate to full f32 precision (measured 2026-11-26 on this case: max
+        # error 1.8e-3 at |C| = 11.56, about 2^-13 relative; the interpreter's exact-product model is 1e-7 away)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
     else:
         tol = 2e-3 if acc == "float16" else 1e-5
         np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
