@@ -26,7 +26,8 @@ def test_wgmma_table_facts():
     f = isa.select_wgmma("float8_e4m3fn", "float8_e5m2", "float16")
     assert f.ptx(256) == "wgmma.mma_async.sync.aligned.m64n256k32.f16.e4m3.e5m2" and f.accum_regs(256) == 64
     md = isa.wgmma_markdown_table().splitlines()
-    assert len(md) == 2 + len(isa.WGMMA_TABLE) and "| m64nNk16 | float16 | float16 | float32 | 8..256 step 8 | K/MN |" in md[2]
+    assert len(md) == 2 + len(isa.WGMMA_TABLE)
+    assert "| m64nNk16 | float16 | float16 | float32 | 8..256 step 8 | K/MN |" in md[2]
 
 
 def test_wgmma_table_errors():

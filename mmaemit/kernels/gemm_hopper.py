@@ -17,8 +17,8 @@ wgmma. Per CTA (one per SM, persistent), per output tile of ``64 * consumers`` x
 Operands: A [M, K] and B [N, K] (both K-contiguous: ``trans_a=False, trans_b=True``, the layout of
 ``torch.nn.Linear`` weights; 16-bit inputs may also be M / N-contiguous: ``trans_a=True`` A [K, M],
 ``trans_b=False`` B [K, N], read MN-major by wgmma), M, N, K any sizes whose rows are 16-byte multiples (the
-contiguous dimension of each operand a multiple of 8 for 16-bit, 16 for 8-bit inputs, N likewise for the output): ragged edges are handled by TMA bounds (zero fill on load, clipped
-stores), not by padding. Dtypes: float16 / bfloat16 (f32 accumulators; out f16, bf16 or f32), float8_e4m3fn /
+contiguous dimension of each operand a multiple of 8 for 16-bit, 16 for 8-bit inputs, N likewise for the output):
+ragged edges are handled by TMA bounds (zero fill on load, clipped stores), not by padding. Dtypes: float16 / bfloat16 (f32 accumulators; out f16, bf16 or f32), float8_e4m3fn /
 float8_e5m2 (f32 accumulators; out bf16, f16 or f32; optional per-tensor scales ``scale_a * scale_b`` applied in the
 epilogue), int8 / uint8 (s32 accumulators, int32 out).
 
@@ -114,7 +114,8 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     ``trans_a=False``: A is [M, K]; ``trans_b=True``: B is [N, K] (both K-contiguous). 16-bit inputs also take
     ``trans_a=True`` (A is [K, M], M-contiguous) and ``trans_b=False`` (B is [K, N]): wgmma reads them MN-major
     through the descriptor's transpose bit, from 128-byte-swizzled tiles of 64 M / N by ``BK`` K that TMA loads one
-    box per 64 columns; 8-bit inputs must be K-contiguous. ``out_dtype`` None: the input dtype for 16-bit inputs, bfloat16 for fp8, int32 for int8.
+    box per 64 columns; 8-bit inputs must be K-contiguous.
+    ``out_dtype`` None: the input dtype for 16-bit inputs, bfloat16 for fp8, int32 for int8.
     ``scaled`` (fp8 only; default True for fp8): take the two per-tensor scales.
     ``M=None``: a symbolic M (an int32 variable bound from A's shape at every call; the tensor maps of A and C are
     encoded from the arguments' shapes at every launch): one compiled kernel for every M >= 1, on ``num_sms``
