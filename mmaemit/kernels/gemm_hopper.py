@@ -18,9 +18,10 @@ Operands: A [M, K] and B [N, K] (both K-contiguous: ``trans_a=False, trans_b=Tru
 ``torch.nn.Linear`` weights; 16-bit inputs may also be M / N-contiguous: ``trans_a=True`` A [K, M],
 ``trans_b=False`` B [K, N], read MN-major by wgmma), M, N, K any sizes whose rows are 16-byte multiples (the
 contiguous dimension of each operand a multiple of 8 for 16-bit, 16 for 8-bit inputs, N likewise for the output):
-ragged edges are handled by TMA bounds (zero fill on load, clipped stores), not by padding. Dtypes: float16 / bfloat16 (f32 accumulators; out f16, bf16 or f32), float8_e4m3fn /
-float8_e5m2 (f32 accumulators; out bf16, f16 or f32; optional per-tensor scales ``scale_a * scale_b`` applied in the
-epilogue), int8 / uint8 (s32 accumulators, int32 out).
+ragged edges are handled by TMA bounds (zero fill on load, clipped stores), not by padding. Dtypes: float16 /
+bfloat16 (f32 accumulators; out f16, bf16 or f32), float8_e4m3fn / float8_e5m2 (f32 accumulators; out bf16, f16
+or f32; optional per-tensor scales ``scale_a * scale_b`` applied in the epilogue), int8 / uint8 (s32 accumulators,
+int32 out).
 
     python -m mmaemit.kernels.gemm_hopper --m 4096 --n 4096 --k 4096       # needs an H100
 """
