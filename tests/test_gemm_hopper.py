@@ -303,3 +303,32 @@ def test_cp_async_tile_zero_fills_outside_the_tensor_on_the_interpreter():
     want[0] = A[:BM, :BK]
     want[1, :M - BM, :K - BK] = A[BM:, BK:]
     np.testing.assert_array_equal(O, want)
+
+
+def test_mn_major_tma_box_that_disagrees_with_the_descriptor_is_reported(monkeypatch):
+    """The interpreter's TMA-box / descriptor cross-check covers MN-major operands: B [K, N] loaded without the
+    swizzle its wgmma descriptor reads is a ``tma_layout_mismatch`` naming the K row."""
+    import mmaemit.kernels.gemm_hopper as GH
+    from mmaemit.interpret import TmaLayoutError
+
+    real = GH.TmaTile
+    M, N, K = 128, 64, 128
+
+    class UnswizzledB(real):
+        @classmethod
+        def for_layout(cls, global_shape, layout, **kw):
+            t = real.for_layout(global_shape, layout, **kw)
+            if tuple(global_shape) == (K, N):
+                return real(t.global_shape, t.dtype, t.box, 0, multicast=t.multicast)
+            return t
+
+    cfg = HopperGemmConfig(block_n=64, stages=2, num_sms=1, epilogue_boxes=1)
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((M, K)).astype(np.float16)
+    B = rng.standard_normal((K, N)).astype(np.float16)
+    good, _ = make_gemm_hopper(M, N, K, "float16", "float32", trans_b=False, config=cfg)
+    assert mmaemit.interpret(good, A, B, np.zeros((M, N), np.float32)).ok
+    monkeypatch.setattr(GH, "TmaTile", UnswizzledB)
+    bad, _ = make_gemm_hopper(M, N, K, "float16", "float32", trans_b=False, config=cfg)
+    with pytest.raises(TmaLayoutError, match=r"B descriptor \(128-byte swizzle.*reads its K row"):
+        mmaemit.interpret(bad, A, B, np.zeros((M, N), np.float32))
