@@ -35,7 +35,7 @@ from .dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make
 from .dequant_parts import check_scheme
 from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
-__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS"]
+__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "prebuild"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a
 LARGE_M = 128
@@ -238,3 +238,35 @@ class DequantGemm:
         spans = ", ".join(f"{p} {lo}..{'' if hi is None else hi}" for p, lo, hi in self.ranges)
         return (f"DequantGemm(N={self.N}, K={self.K}, {self.weight_format} g{self.group_size}, {self.dtype}, "
                 f"{self.arch}: {spans})")
+
+
+def _prebuild_one(item):
+    import time
+
+    spec, path = item
+    t = time.time()
+    DequantGemm(**spec).kernels(path)
+    return path, time.time() - t
+
+
+def prebuild(specs, workers=None) -> float:
+    """Compile the paths of several problems in spawned worker processes into the on-disk cubin cache
+    (``MMAEMIT_CUBIN_CACHE=1`` is set here; set it in the process that then uses the kernels, which only loads them).
+    ``specs``: dicts of DequantGemm's arguments (``arch`` included) plus ``paths`` (None = every path). Returns the
+    wall time in seconds."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    os.environ["MMAEMIT_CUBIN_CACHE"] = "1"
+    items = []
+    for spec in specs:
+        spec = dict(spec)
+        paths = spec.pop("paths", None)
+        for path in paths or [r[0] for r in DequantGemm(**spec).ranges]:
+            items.append((spec, path))
+    t = time.time()
+    with ProcessPoolExecutor(max_workers=workers or min(len(items), os.cpu_count() or 4),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_prebuild_one, items))
+    return time.time() - t
