@@ -406,3 +406,51 @@ def test_emitter_call_errors():
 
     with pytest.raises(Exception, match=r"needs \[64, 64\] float16"):      # TVMScript wraps it in a DiagnosticError
         bad_buffer()
+
+
+# ---- GPU: the same kernel on the H100 (a representative subset; the sweep runs on the interpreter above) -----------
+def _to_torch(x):
+    import torch
+
+    tdt = {np.dtype(ml_dtypes.float8_e4m3fn): torch.float8_e4m3fn, np.dtype(ml_dtypes.float8_e5m2): torch.float8_e5m2,
+           np.dtype(ml_dtypes.bfloat16): torch.bfloat16, np.dtype(np.uint32): torch.uint32}.get(x.dtype)
+    if tdt is None:
+        return torch.from_numpy(x).cuda()
+    raw = {1: np.uint8, 2: np.int16, 4: np.int32}[x.dtype.itemsize]
+    return torch.from_numpy(x.view(raw)).view(tdt).cuda()
+
+
+_GPU = [  # (a, b, acc, n, emitter keywords)
+    ("float16", "float16", "float32", 256, dict()),
+    ("bfloat16", "bfloat16", "float32", 64, dict(a_major="MN", b_major="MN", swizzle_bytes=64, block_n=128)),
+    ("float16", "float16", "float16", 40, dict(form="rs", b_major="MN", swizzle_bytes=0)),
+    ("float16", "float16", "float32", 16, dict(a_major="MN", swizzle_bytes=32)),
+    ("float32", "float32", "float32", 96, dict(form="rs")),
+    ("float8_e4m3fn", "float8_e5m2", "float32", 128, dict(swizzle_bytes=32)),
+    ("int8", "uint8", "int32", 224, dict(form="rs")),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a, b, acc, n, kw", _GPU, ids=[f"{c[0]}-{c[3]}-{c[4]}" for c in _GPU])
+def test_emitter_on_gpu(a, b, acc, n, kw):
+    import torch
+
+    import mmaemit
+
+    em = WgmmaIntrinEmitter(a, b, acc, n, **kw)
+    rng = np.random.default_rng(n)
+    A = _random(a, (64, em.block_k), rng)
+    B = _random(b, (em.block_n, em.block_k), rng)
+    Ap = pack_a_fragments(em, A) if em.form == "rs" else np.zeros((128, 4 * em.k_steps), np.uint32)
+    kernel = mmaemit.compile(emitter_kernel(em))
+    C = torch.full((64, em.block_n), -7 if acc == "int32" else float("nan"), device="cuda",
+                   dtype=getattr(torch, acc))
+    kernel(_to_torch(A), _to_torch(B), _to_torch(Ap), C)
+    ref = A.astype(np.float64) @ B.astype(np.float64).T
+    got = C.double().cpu().numpy()
+    if acc == "int32":
+        assert np.array_equal(got, ref)
+    else:
+        tol = 2e-3 if acc == "float16" else 1e-5
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())

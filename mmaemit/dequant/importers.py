@@ -26,7 +26,10 @@ AWQ (AutoAWQ ``GEMM`` version, 4-bit; the published format, no upstream code):
 BitBLAS (``bitblas.Matmul`` weight, NonTransform layout, int8 storage):
 
 * ``qweight`` int8 [N, K*b/8], packed along K little-endian within each byte
-* ``source_format`` "uint" -> uint{b}; "int" -> two's complement int8 for b = 8, offset binary int{b}_ob for b = 2, 4
+* ``source_format`` "uint" -> uint{b} (codes 0 .. 2^b - 1; for b = 8 that is what "uint" means, but BitBLAS itself
+  stores uint8 codes as int8 bytes and its TIR reference and kernels decode them with a plain signed cast, so codes
+  128 .. 255 come out as code - 256: ``uint8_signed_cast=True`` imports that reading instead, as format int8, and then
+  reproduces BitBLAS's numbers; it takes no zeros, which mmaemit defines for unsigned formats only); "int" -> two's complement int8 for b = 8, offset binary int{b}_ob for b = 2, 4
   (BitBLAS stores ``v + 2^(b-1)``), int1 for b = 1 (the {-1, +1} meaning of BitBLAS's LOP3 path and docs; its TIR
   reference reads {0, -1} instead); "nf" -> nf4; "fp" (b = 4) -> OCP float4_e2m1fn (the codes' intended meaning;
   BitBLAS's own decode reads them as sign + 3-bit exponent, a bug); "fp_e4m3" / "fp_e5m2" -> float8.
@@ -207,8 +210,14 @@ def _undo_bitblas_lop3(qweight, bits):
 
 
 def from_bitblas(qweight, scales=None, zeros=None, *, bits: int, source_format: str = "uint", group_size: int = -1,
-                 zeros_mode: str | None = None, lop3_interleaved: bool = False) -> QuantizedWeight:
-    """BitBLAS weight tensors -> QuantizedWeight [N, K] with int8 storage (see the module docstring)."""
+                 zeros_mode: str | None = None, lop3_interleaved: bool = False,
+                 uint8_signed_cast: bool = False) -> QuantizedWeight:
+    """BitBLAS weight tensors -> QuantizedWeight [N, K] with int8 storage (see the module docstring).
+
+    ``source_format="uint", bits=8`` reads codes 0 .. 255 (the format's meaning) by default; with
+    ``uint8_signed_cast=True`` each byte is cast to int8 as BitBLAS's own decode does (codes 128 .. 255 become
+    code - 256; the weight's format is then int8), which reproduces BitBLAS's numbers.
+    """
     import torch
 
     key = (source_format, bits)
@@ -216,6 +225,15 @@ def from_bitblas(qweight, scales=None, zeros=None, *, bits: int, source_format: 
         raise UnsupportedConfigError(f"BitBLAS source_format={source_format!r} with bits={bits} is not supported; "
                                      f"valid: {choices(f'{f}/{b}' for f, b in _BITBLAS_FORMATS)}")
     fmt_name = _BITBLAS_FORMATS[key]
+    if uint8_signed_cast:
+        if key != ("uint", 8):
+            raise UnsupportedConfigError(f"uint8_signed_cast applies to source_format='uint' with bits=8 only, not "
+                                         f"{source_format!r} with bits={bits}")
+        if zeros is not None or zeros_mode is not None:
+            raise UnsupportedConfigError(
+                "uint8_signed_cast=True gives signed (int8) codes, and zeros are defined for unsigned formats only; "
+                "import BitBLAS uint8 weights with zeros with uint8_signed_cast=False (codes 0 .. 255)")
+        fmt_name = "int8"
     qw = _int_tensor(qweight, "qweight", ("int8", "uint8"))
     if qw.dim() != 2:
         raise ArgumentError(f"qweight must be 2-D [N, K*bits/8], got {tuple(qw.shape)}")

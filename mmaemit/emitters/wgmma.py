@@ -331,10 +331,10 @@ class WgmmaIntrinEmitter:
     def accumulator_coords(self, thread, e):
         """(m, n) inside the warpgroup's ``64 x block_n`` tile of flat accumulator element ``e`` (0 ..
         ``local_elems_c - 1``) held by ``thread`` (0..127 inside the warpgroup; may be a PrimExpr)."""
-        if not 0 <= e < self.local_elems_c:
+        if isinstance(e, int) and not 0 <= e < self.local_elems_c:
             raise TileShapeError(f"accumulator element {e}; valid: 0..{self.local_elems_c - 1}")
         reg, half = self.accumulator_slot(e)
-        h, r = divmod(reg, self.accum_regs)
+        h, r = reg // self.accum_regs, reg % self.accum_regs
         m, n = self.c_layout.forward(thread, r, half)
         return m, h * self.n + n
 

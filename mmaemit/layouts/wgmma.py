@@ -172,8 +172,17 @@ class WgmmaOperandLayout:
 
     def start_offset(self, mn0, k0, *stage):
         """Byte offset of the descriptor start address of the instruction slice whose first element is (mn0, k0):
-        its logical position (mn0 % 8 == 0 (K-major) / k0 % 8 == 0 (MN-major) rows are not XOR-ed)."""
-        return self.byte_offset(mn0, k0, *stage)
+        the element's unswizzled (logical) position; the hardware swizzles the addresses it derives from it. A slice
+        starts on an 8-row boundary (mn0 % 8 == 0 K-major, k0 % 8 == 0 MN-major), where logical and physical agree.
+        Works on ints and PrimExprs (no XOR: the offset stays a linear expression)."""
+        row = mn0 if self.major == "K" else k0
+        if _is_int(row) and row % 8:
+            raise TileShapeError(f"a wgmma slice starts on an 8-row boundary; {'mn0' if self.major == 'K' else 'k0'}"
+                                 f"={row}")
+        flat = 0
+        for i, extent in zip(self.index(mn0, k0, *stage), self.layout.shape):
+            flat = flat * extent + i
+        return flat * self.layout.elem_bits // 8
 
     def descriptor(self, mn0=0, k0=0, *stage, base=0):
         """The decoded descriptor (``mmaemit.ptx.wgmma.MatrixDescriptor``) of the instruction slice at (mn0, k0) for a
