@@ -42,15 +42,25 @@ def shape(seqlen, head_dim, tokens, hidden):
     return max(1, tokens // seqlen), max(1, hidden // head_dim)
 
 
-IMPLS = {"mmaemit": "mma_sync", "mmaemit-wgmma": "wgmma", "wgmma-no-overlap": "wgmma"}
+IMPLS = {"mmaemit": "mma_sync", "mmaemit-wgmma": "wgmma", "mma-alt": "mma_sync", "wgmma-no-overlap": "wgmma",
+         "wgmma-v-mn": "wgmma"}
+ABLATIONS = ("mma-alt", "wgmma-no-overlap", "wgmma-v-mn")     # timed only at the --ablation points
+#: mma-alt: the other mma.sync tile choice per head dim (d 64: 64-key blocks; d 128: 16 rows per warp, 64-row CTAs
+#: with fewer registers; d 256: 64 x 32 tiles, 96 KB of shared memory = 2 CTAs per SM)
+MMA_ALT = {64: (128, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
 
 
 def impl_config(name, D):
     """The config of a column (None: the implementation's default)."""
-    if name == "wgmma-no-overlap":
-        from mmaemit.kernels.flash_attention_hopper import default_hopper_config
+    from mmaemit.kernels.flash_attention import AttentionConfig
+    from mmaemit.kernels.flash_attention_hopper import default_hopper_config
 
+    if name == "mma-alt":
+        return AttentionConfig(*MMA_ALT[D])
+    if name == "wgmma-no-overlap":
         return dataclasses.replace(default_hopper_config(D), overlap=False)
+    if name == "wgmma-v-mn":
+        return dataclasses.replace(default_hopper_config(D), v_major="mn")
     return None
 
 
@@ -135,7 +145,7 @@ def run_point(S, D, causal, dtype, tokens, hidden, backends, impls, ablation=Fal
     f = flops(B, S, S, H, D, causal)
     row = {"seqlen": S, "head_dim": D, "causal": causal, "batch": B, "heads": H}
     for name, impl in impls:
-        if name == "wgmma-no-overlap" and not ablation:
+        if name in ABLATIONS and not ablation:
             continue
         cfg = impl_config(name, D)
         try:
@@ -177,8 +187,8 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--points", nargs="+", default=None, help="explicit points SEQLEN:HEADDIM:CAUSAL (replaces the grid)")
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
-    p.add_argument("--ablation", nargs="*", default=["8192:128"], help="SEQLEN:HEADDIM points that also time the "
-                   "wgmma-no-overlap column")
+    p.add_argument("--ablation", nargs="*", default=["8192:128", "8192:256"], help="SEQLEN:HEADDIM points that also time the "
+                   "ablation columns (mma-alt, wgmma-no-overlap, wgmma-v-mn)")
     p.add_argument("--prebuild-only", action="store_true")
     p.add_argument("--prebuild-tests", action="store_true", help="also build the GPU tests' kernels")
     p.add_argument("--out", default=None)
@@ -194,7 +204,7 @@ def main(argv=None):
     for S, D, c in points:
         B, H = shape(S, D, args.tokens, args.hidden)
         for n in args.impls:
-            if n != "wgmma-no-overlap" or f"{S}:{D}" in args.ablation:
+            if n not in ABLATIONS or f"{S}:{D}" in args.ablation:
                 keys.append(kernel_key(B, S, H, H, D, args.dtype, c, arch, IMPLS[n], impl_config(n, D)))
     if args.prebuild_tests:
         keys += test_shape_keys(arch)

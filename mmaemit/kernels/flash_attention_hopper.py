@@ -39,12 +39,16 @@ class HopperAttentionConfig:
     """``block_n`` keys per K / V block (a multiple of 64; the wgmma N of ``Q K^T``); register budgets per role.
     ``overlap``: each consumer issues block n's ``Q K^T`` and block n - 1's ``P V`` as one wgmma group, and the two
     consumers take turns issuing (named barriers), so one's softmax runs while the other's wgmmas do; False: ``Q K^T``,
-    softmax, ``P V`` in sequence per block."""
+    softmax, ``P V`` in sequence per block. ``v_major="mn"``: V goes from TMA straight to wgmma as an N-major B
+    operand (``imm-trans-b`` = 1, LBO = the 64-column panel stride, SBO = 1024 B: PTX ISA canonical MN-major
+    128-byte-swizzle layout) with no transpose; the CPU interpreter does not model N-major operands, so this variant
+    is checked on the GPU only."""
 
     block_n: int = 128
     producer_regs: int = 40
     consumer_regs: int = 232
     overlap: bool = True      # issue S_n = Q K_n^T and O += P_{n-1} V_{n-1} together, consumers taking turns
+    v_major: str = "k"        # "k": the producer transposes V for a K-major B; "mn": wgmma reads V N-major
 
 
 def default_hopper_config(head_dim) -> HopperAttentionConfig:
@@ -52,8 +56,8 @@ def default_hopper_config(head_dim) -> HopperAttentionConfig:
 
 
 def hopper_smem_bytes(head_dim, config: HopperAttentionConfig) -> int:
-    """Q tile + 2-stage K ring + V staging tile + 2-stage transposed V ring (bytes, barriers excluded)."""
-    return 2 * head_dim * (128 + 5 * config.block_n)
+    """Q tile + 2-stage K ring + V staging tile (v_major "k") + 2-stage V ring (bytes, barriers excluded)."""
+    return 2 * head_dim * (128 + (4 if config.v_major == "mn" else 5) * config.block_n)
 
 
 def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, dtype="float16",
@@ -77,6 +81,10 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                                      f"shared memory (> {SMEM_LIMIT}); lower block_n")
     roles = WarpgroupRoles(1, 2, cfg.producer_regs, cfg.consumer_regs)
     OVERLAP = bool(cfg.overlap)
+    if cfg.v_major not in ("k", "mn"):
+        raise UnsupportedConfigError(f"v_major={cfg.v_major!r}; valid: 'k', 'mn'")
+    VMN = cfg.v_major == "mn"
+    V_LBO = BN * 128 // 16 if VMN else 1      # N-major: the stride between 64-column panels (16-byte units)
     SL2 = scale * LOG2E
     H, HK, GROUP = heads, kv_heads, heads // kv_heads
     MB = -(-max_seqlen_q // BM)
@@ -129,8 +137,12 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
 
     def pv_issue(O, P, dv, stage):
         for ks in range(BN // 16):
-            b = desc_add(dv, stage * KV_BYTES + (ks // 4) * D * 128 + (ks % 4) * 32)
-            emit(T.ptx[WG_O](*[O[i] for i in range(NO)], *[P[4 * ks + a] for a in range(4)], b, True, 1, 1, 0))
+            if VMN:   # V [keys, d] panels as loaded: k-step ks = 16 rows further
+                b = desc_add(dv, stage * KV_BYTES + ks * 16 * 128)
+            else:     # Vt [d, keys] panels of 64 keys
+                b = desc_add(dv, stage * KV_BYTES + (ks // 4) * D * 128 + (ks % 4) * 32)
+            emit(T.ptx[WG_O](*[O[i] for i in range(NO)], *[P[4 * ks + a] for a in range(4)], b, True, 1, 1,
+                             1 if VMN else 0))
 
     def wgmma_group(issues, pins):
         """fence, the wgmmas, commit, wait for them, pin their accumulators."""
@@ -252,7 +264,7 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
         pool = T.SMEMPool()
         Qs = pool.alloc((BM * D,), dtype, align=1024)
         Ks = pool.alloc((ST * BN * D,), dtype, align=1024)
-        Vr = pool.alloc((BN * D,), dtype, align=1024)
+        Vr = pool.alloc((8 if VMN else BN * D,), dtype, align=1024)
         Vt = pool.alloc((ST * BN * D,), dtype, align=1024)
         kbars = ring_k.alloc(pool)  # noqa: F841
         vbars = ring_vt.alloc(pool)  # noqa: F841
@@ -290,16 +302,24 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                         for p in T.unroll(DP):
                             k_map_t.load(Ks.ptr_to([(n % ST) * BN * D + p * BN * PANEL]), k_map,
                                          (k_start + n * BN, hk * D + p * PANEL), ring_k.full_ptr(n))
-                        mbarrier_expect_tx(qv.ptr_to([1]), KV_BYTES)
-                        for p in T.unroll(DP):
-                            k_map_t.load(Vr.ptr_to([p * BN * PANEL]), v_map, (k_start + n * BN, hk * D + p * PANEL),
-                                         qv.ptr_to([1]))
-                    mbarrier_wait(qv.ptr_to([1]), n % 2)        # V block n staged
-                    ring_vt.producer_acquire(n)                 # its transposed stage is free
-                    transpose_v(Vr, Vt, n % ST, tid)
-                    T.ptx.fence.proxy.async_.shared__cta()      # stmatrix writes -> wgmma (async proxy) reads
-                    T.ptx.bar.sync(T.uint32(1), T.uint32(128))  # every producer thread done with Vr and Vt
-                    mbarrier_arrive(ring_vt.full_ptr(n), pred=tid == 0)
+                        if VMN:
+                            ring_vt.producer_acquire(n)
+                            ring_vt.producer_expect(n, KV_BYTES)
+                            for p in T.unroll(DP):
+                                k_map_t.load(Vt.ptr_to([(n % ST) * BN * D + p * BN * PANEL]), v_map,
+                                             (k_start + n * BN, hk * D + p * PANEL), ring_vt.full_ptr(n))
+                        else:
+                            mbarrier_expect_tx(qv.ptr_to([1]), KV_BYTES)
+                            for p in T.unroll(DP):
+                                k_map_t.load(Vr.ptr_to([p * BN * PANEL]), v_map,
+                                             (k_start + n * BN, hk * D + p * PANEL), qv.ptr_to([1]))
+                    if not VMN:
+                        mbarrier_wait(qv.ptr_to([1]), n % 2)        # V block n staged
+                        ring_vt.producer_acquire(n)                 # its transposed stage is free
+                        transpose_v(Vr, Vt, n % ST, tid)
+                        T.ptx.fence.proxy.async_.shared__cta()      # stmatrix writes -> wgmma (async proxy) reads
+                        T.ptx.bar.sync(T.uint32(1), T.uint32(128))  # every producer thread done with Vr and Vt
+                        mbarrier_arrive(ring_vt.full_ptr(n), pred=tid == 0)
             else:
                 roles.consumer_setup()
                 c = T.meta_var(wg - 1)
@@ -316,7 +336,7 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                 dv = T.alloc_local((1,), "uint64")
                 T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dq[0]), Qs.ptr_to([0]), 1, 64, 3)
                 T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dk[0]), Ks.ptr_to([0]), 1, 64, 3)
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dv[0]), Vt.ptr_to([0]), 1, 64, 3)
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dv[0]), Vt.ptr_to([0]), V_LBO, 64, 3)
                 for r in T.unroll(2):
                     m_i[r] = T.float32(NEG_INF)
                     l_i[r] = T.float32(0)
