@@ -53,16 +53,9 @@ def parse_tile(text):
 
 
 def footprint_mb(order, wave, block_m, block_n, K) -> float:
-    from mmaemit.layouts.raster import raster_order
+    from mmaemit.layouts.raster import raster_order, wave_footprint_bytes
 
-    r = raster_order(order[0], *order[1:])
-    tiles = [r.forward(p) for p in range(r.size)]
-    worst = 0
-    for s in range(0, r.size, wave):
-        chunk = tiles[s:s + wave]
-        mb = (len({t[0] for t in chunk}) * block_m + len({t[1] for t in chunk}) * block_n) * K * 2 / 1e6
-        worst = max(worst, mb)
-    return worst
+    return wave_footprint_bytes(raster_order(order[0], *order[1:]), wave, block_m, block_n, K) / 1e6
 
 
 def run_ncu(shape, cfg, out_dir) -> dict:
@@ -73,7 +66,8 @@ def run_ncu(shape, cfg, out_dir) -> dict:
     cmd = [ncu, "--metrics", metrics, "--csv", "--kernel-name", "gemm_kernel", "--launch-skip", "1",
            "--launch-count", "1", sys.executable, __file__, str(out_dir), "--one", shape,
            f"{cfg.raster}:{cfg.panel}:{cfg.persistent}:{cfg.block_m}x{cfg.block_n}x{cfg.block_k}x{cfg.stages}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)))
     out = {}
     for row in csv.reader(proc.stdout.splitlines()):
         for name, key in (("lts__t_sector_hit_rate.pct", "l2_hit_pct"), ("dram__bytes_read.sum", "dram_read")):
@@ -198,7 +192,7 @@ def main(argv=None) -> int:
 
 def summary(rows, shapes, env, header_lines) -> str:
     lines = header_lines(env) + ["", "| shape | wave footprint row-major / best (MB) | row-major TFLOP/s | panel 8 "
-                                     "(default) | best order | best TFLOP/s | best persistent | best / row |",
+                                     "| best order | best TFLOP/s | best persistent | best / row |",
                                  "|---|---|---|---|---|---|---|---|"]
     score = {}
     for shape in shapes:

@@ -85,6 +85,47 @@ def hopper_gemm_fp8():
     return _hopper(256, 512, 512, "float8_e4m3fn")
 
 
+@case
+def hopper_example():
+    import runpy
+    from pathlib import Path
+    runpy.run_path(str(Path(__file__).resolve().parent.parent / "examples" / "gemm_hopper.py"), run_name="__main__")
+    return True                                   # the example asserts its own error bound
+
+
+@case
+def flash_attention():
+    from mmaemit.kernels.flash_attention import flash_attention as fa
+    from mmaemit.kernels.flash_attention import reference
+    g = torch.Generator(device="cuda").manual_seed(5)
+    ok = True
+    for causal, (B, S, SK, H, HK, D) in ((False, (2, 200, 200, 4, 2, 64)), (True, (1, 130, 130, 2, 1, 128))):
+        q = torch.randn(B, S, H, D, generator=g, device="cuda").half()
+        k = torch.randn(B, SK, HK, D, generator=g, device="cuda").half()
+        v = torch.randn(B, SK, HK, D, generator=g, device="cuda").half()
+        o, lse = fa(q, k, v, causal=causal)
+        ro, rlse = reference(q, k, v, causal=causal)
+        ok &= (o.cpu().double() - ro.double()).abs().max().item() < 2e-2
+        ok &= (lse.cpu().double() - rlse.double()).abs().max().item() < 1e-3
+    return bool(ok)
+
+
+@case
+def dequant_every_path():
+    from mmaemit.nn import QuantLinear
+    torch.manual_seed(6)
+    lin = torch.nn.Linear(1024, 512, bias=True).half().cuda()
+    q = QuantLinear.from_linear(lin, "int4", group_size=128).warmup()
+    w = q.dequantized_weight().double().cuda()
+    ok = True
+    for M in (1, 12, 40, 100, 300):                # gemv8, gemv16, tiled64, tiled128, dense + Hopper GEMM
+        x = torch.randn(M, 1024, device="cuda").half()
+        y = q(x)
+        ref = x.double() @ w.T + lin.bias.double()
+        ok &= _rel(y, ref) < 3e-3
+    return bool(ok)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--list" in argv:

@@ -3,6 +3,8 @@
 Public API (imported lazily, so ``import mmaemit`` does not load TVM until you use something that needs it):
 
 * ``TensorCoreIntrinEmitter`` - ldmatrix / mma.sync / stmatrix sequences for a warp tile (``mmaemit.emitters``)
+* ``WgmmaIntrinEmitter`` - Hopper wgmma.mma_async (SS / RS) for a warpgroup, descriptors derived from the swizzle
+  layouts (``mmaemit.emitters``, layouts in ``mmaemit.layouts.wgmma``)
 * ``make_mma_swizzle_layout`` - bank-conflict-free shared-memory swizzles (``mmaemit.layouts``)
 * ``compile`` / ``Kernel`` - build a PrimFunc for an arch, call it on torch tensors, read its SASS (``mmaemit.runtime``)
 * ``isa`` - the instruction table every check reads
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "TensorCoreIntrinEmitter": "mmaemit.emitters",
+    "WgmmaIntrinEmitter": "mmaemit.emitters",
     "make_mma_swizzle_layout": "mmaemit.layouts",
     "compile": "mmaemit.runtime",
     "Kernel": "mmaemit.runtime",

@@ -214,15 +214,23 @@ def _add_bench_parser(sub) -> None:
     for suite, text in SUITES.items():
         p = bsub.add_parser(suite, help=text, description=text)
         p.add_argument("--out", default="bench-results", help="folder for <suite>.md / .csv / .png")
-        p.add_argument("--configs", nargs="+", default=["default", "tuned"], choices=["default", "tuned", "sweep"],
-                       help="mmaemit configurations: the hand-picked default, the autotuned winner, every candidate")
+        kinds = ["default", "tuned", "sweep"] + (["dynamic"] if suite == "dequant" else [])
+        p.add_argument("--configs", nargs="+", default=["default", "tuned"], choices=kinds,
+                       help="mmaemit configurations: the hand-picked default, the autotuned winner, every candidate"
+                            + ("; dynamic: the dynamic-M DequantGemm (one warmed kernel set for every M)"
+                               if suite == "dequant" else ""))
         p.add_argument("--sweep", action="store_true", help="same as adding 'sweep' to --configs")
         p.add_argument("--dry-run", action="store_true", help="no GPU: made-up timings, to check the report code")
         if suite == "dequant":
             from .kernels.dequant_gemm import WEIGHT_FORMATS
 
             p.add_argument("--shapes", nargs="+", default=["8192x8192", "28672x8192"], help="N x K weight shapes")
-            p.add_argument("--ms", type=int, nargs="+", default=[1, 16, 64, 256, 4096], help="activation rows M")
+            p.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32, 64, 128, 256, 1024, 4096],
+                           help="activation rows M")
+            p.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"],
+                           help="activation (and scale) dtypes")
+            p.add_argument("--all-paths", action="store_true",
+                           help="with --configs dynamic: also time every DequantGemm path that can serve each M")
             p.add_argument("--group", type=int, default=128)
             p.add_argument("--format", default="int4", choices=WEIGHT_FORMATS)
             p.add_argument("--zeros-mode", choices=["original", "rescale", "quantized"], default=None)

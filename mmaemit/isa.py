@@ -11,6 +11,13 @@ Facts (PTX ISA 9.x, "Warp-level matrix multiply-accumulate instructions" and "ld
   they assemble but run on a slow path. ``emulated_on`` records it; the emitter warns (Hopper's fast path is wgmma).
 * Only integer MMAs take ``.satfinite`` (clamp the s32 result instead of wrapping).
 * ``ldmatrix`` exists from sm_75, ``stmatrix`` from sm_90. Both move 8x8 matrices of b16 elements.
+* ``wgmma.mma_async.sync.aligned.m64nNkK`` (PTX ISA 9.7.15, sm_90a only; ``WGMMA_TABLE``): K = 16 for f16 / bf16,
+  8 for tf32, 32 for e4m3 / e5m2 / s8 / u8 (every instruction reads 32 bytes of K per row). N is any multiple of 8
+  up to 256 for the floating-point types; for s8 / u8 the instruction syntax lists 8, 16, 24 and the multiples of 16
+  up to 224 (the ISA's shape table also names 240 and 256, its syntax line and TVM 0.27's ``T.ptx`` table do not, so
+  mmaemit stays at 224). Only f16 / bf16 operands may be MN-major (``imm-trans-a/b``); every type may take A from
+  registers (the RS form, A then K-major). Accumulators: f32 or f16 for f16 and e4m3 / e5m2, f32 for bf16 and tf32,
+  s32 (optionally ``.satfinite``) for s8 / u8. e4m3 and e5m2 may be mixed, as may s8 and u8.
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from .errors import ArchError, UnsupportedConfigError, choices
 __all__ = [
     "MmaInstr", "MatrixMoveInstr", "Feature", "MMA_TABLE", "MATRIX_MOVE_TABLE", "FEATURES",
     "find_mma", "select_mma", "matrix_move", "require_feature", "check_mma_arch", "feature_of_ptx",
+    "WgmmaInstr", "WGMMA_TABLE", "WGMMA_N_FLOAT", "WGMMA_N_INT", "find_wgmma", "select_wgmma",
 ]
 
 
@@ -134,6 +142,125 @@ def _mma_table():
 
 #: Every mma.sync variant mmaemit emits. Order: preferred (largest K) first within a dtype combination.
 MMA_TABLE: tuple = _mma_table()
+
+
+#: legal wgmma N for floating-point operands (f16, bf16, tf32, e4m3, e5m2)
+WGMMA_N_FLOAT: tuple = tuple(range(8, 257, 8))
+#: legal wgmma N for s8 / u8 operands (the PTX syntax line; see the module doc for 240 / 256)
+WGMMA_N_INT: tuple = (8, 16, 24) + tuple(range(32, 225, 16))
+_WGMMA_PTX = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32", "float8_e4m3fn": "e4m3",
+              "float8_e5m2": "e5m2", "int8": "s8", "uint8": "u8"}
+
+
+@dataclass(frozen=True)
+class WgmmaInstr:
+    """One ``wgmma.mma_async.sync.aligned.m64nNkK`` dtype combination (every legal N shares the entry).
+
+    ``n_values``: legal N; ``majors``: the majors its shared-memory operands may take (``"K"``, and ``"MN"`` for
+    16-bit); ``rs``: A may come from registers; ``satfinite``: the ``.satfinite`` modifier exists (integer only).
+    float32 operands run as tf32 (the low 13 mantissa bits are ignored, not rounded).
+    """
+
+    a_dtype: str
+    b_dtype: str
+    accum_dtype: str
+    k: int
+    n_values: tuple
+    majors: tuple
+    rs: bool = True
+    satfinite: bool = False
+    min_arch: str = "sm_90a"
+    m: int = 64
+    note: str = ""
+
+    a_ptx = property(lambda self: _WGMMA_PTX[self.a_dtype])
+    b_ptx = property(lambda self: _WGMMA_PTX[self.b_dtype])
+    accum_ptx = property(lambda self: _dt.ptx_type(self.accum_dtype))
+    is_integer = property(lambda self: self.accum_dtype == "int32")
+    operand_bits = property(lambda self: _dt.bits(self.a_dtype))
+
+    def shape_name(self, n: int) -> str:
+        return f"m{self.m}n{n}k{self.k}"
+
+    def accum_regs(self, n: int) -> int:
+        """32-bit accumulator registers per thread of the warpgroup (f16 accumulators pack two per register)."""
+        return self.m * n * _dt.bits(self.accum_dtype) // (128 * 32)
+
+    def accum_elems(self, n: int) -> int:
+        return self.m * n // 128
+
+    @property
+    def a_regs(self) -> int:
+        """A-fragment registers per thread in the RS form (64 x 32 bytes over 128 threads: always 4)."""
+        return self.m * self.k * self.operand_bits // (128 * 32)
+
+    def check_n(self, n) -> int:
+        if isinstance(n, bool) or n not in self.n_values:
+            raise UnsupportedConfigError(
+                f"N={n!r} is not a wgmma N for {self.describe()}; valid N: {choices(self.n_values)}")
+        return n
+
+    def ptx(self, n: int, satfinite: bool = False) -> str:
+        """The exact mnemonic, e.g. ``wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16``."""
+        self.check_n(n)
+        if satfinite and not self.satfinite:
+            raise UnsupportedConfigError(f".satfinite exists only for integer wgmma (s32 accumulators); "
+                                         f"{self.describe()} has none")
+        sat = ".satfinite" if satfinite else ""
+        return (f"wgmma.mma_async.sync.aligned.{self.shape_name(n)}{sat}.{self.accum_ptx}.{self.a_ptx}."
+                f"{self.b_ptx}")
+
+    def describe(self) -> str:
+        return f"m64nNk{self.k} {self.a_dtype} x {self.b_dtype} -> {self.accum_dtype}"
+
+
+def _wgmma_table():
+    t = []
+    for d in ("float16", "bfloat16"):
+        for acc in (("float32", "float16") if d == "float16" else ("float32",)):
+            t.append(WgmmaInstr(d, d, acc, 16, WGMMA_N_FLOAT, ("K", "MN")))
+    t.append(WgmmaInstr("float32", "float32", "float32", 8, WGMMA_N_FLOAT, ("K",),
+                        note="tf32: the low 13 mantissa bits of each float32 operand are ignored"))
+    for a, b in itertools.product(("float8_e4m3fn", "float8_e5m2"), repeat=2):
+        for acc in ("float32", "float16"):
+            t.append(WgmmaInstr(a, b, acc, 32, WGMMA_N_FLOAT, ("K",)))
+    for a, b in itertools.product(("int8", "uint8"), repeat=2):
+        t.append(WgmmaInstr(a, b, "int32", 32, WGMMA_N_INT, ("K",), satfinite=True))
+    return tuple(t)
+
+
+#: Every dense wgmma dtype combination mmaemit emits (sm_90a).
+WGMMA_TABLE: tuple = _wgmma_table()
+
+
+def find_wgmma(a_dtype=None, b_dtype=None, accum_dtype=None):
+    """All ``WGMMA_TABLE`` entries matching the given (canonicalised) dtypes; None matches anything."""
+    want = {"a_dtype": a_dtype, "b_dtype": b_dtype, "accum_dtype": accum_dtype}
+    want = {f: _dt.canonical(v) for f, v in want.items() if v is not None}
+    return [e for e in WGMMA_TABLE if all(getattr(e, f) == v for f, v in want.items())]
+
+
+def select_wgmma(a_dtype, b_dtype=None, accum_dtype="float32", arch=None) -> WgmmaInstr:
+    """The wgmma entry for a dtype combination (``b_dtype`` None: A's), checked against ``arch`` (sm_90a).
+
+    Raises ``UnsupportedConfigError`` naming the valid combinations, or ``ArchError``.
+    """
+    b_dtype = a_dtype if b_dtype is None else b_dtype
+    for d in (a_dtype, b_dtype, accum_dtype):
+        if _dt.canonical(d) not in _dt.DTYPES:
+            raise UnsupportedConfigError(f"unknown dtype {d!r}; valid wgmma combinations: "
+                                         f"{choices(_combo(e) for e in WGMMA_TABLE)}")
+    hits = find_wgmma(a_dtype, b_dtype, accum_dtype)
+    if not hits:
+        raise UnsupportedConfigError(
+            f"no wgmma instruction for {_dt.canonical(a_dtype)} x {_dt.canonical(b_dtype)} -> "
+            f"{_dt.canonical(accum_dtype)}; valid combinations: {choices(_combo(e) for e in WGMMA_TABLE)}")
+    if arch is not None:
+        a = as_arch(arch)
+        if not a.satisfies(hits[0].min_arch):
+            raise ArchError(f"wgmma.mma_async needs {hits[0].min_arch} (the arch-specific Hopper target); target is "
+                            f"{a.name}")
+    return hits[0]
 
 
 @dataclass(frozen=True)

@@ -227,3 +227,29 @@ def test_bitblas_bad_inputs():
         from_bitblas(q, s, torch.zeros(2, 3, dtype=torch.int8), bits=4, group_size=32, zeros_mode="quantized")
     with pytest.raises(ArgumentError, match="int8 or uint8"):
         from_bitblas(q.to(torch.int32), bits=4)
+
+
+def test_bitblas_uint8_default_reading_and_bitblas_signed_cast():
+    """Issue 12: BitBLAS stores uint8 codes as int8 bytes and decodes them with a plain signed cast. The importer
+    reads "uint" 8-bit codes as 0 .. 255 by default; ``uint8_signed_cast=True`` reproduces BitBLAS's numbers."""
+    repro = np.array([[-56, 100, -128, 127]], np.int8)
+    assert from_bitblas(repro, bits=8, source_format="uint").dequantize().tolist() == [[200, 100, 128, 127]]
+    bb = from_bitblas(repro, bits=8, source_format="uint", uint8_signed_cast=True)
+    assert bb.dequantize().tolist() == [[-56, 100, -128, 127]] and bb.scheme.format == "int8"
+    n, k, g = 32, 128, 32
+    q = rng.integers(0, 256, (n, k))
+    signed = np.where(q >= 128, q - 256, q).astype(np.float64)        # the int8 cast, written out
+    qweight = torch.from_numpy(bitblas_pack(q, 8))
+    s = rng.uniform(-2, 2, (n, k // g)).astype(np.float16)
+    sk = s.astype(np.float64)[:, np.arange(k) // g]
+    for cast, vals in ((False, q.astype(np.float64)), (True, signed)):
+        plain = from_bitblas(qweight, bits=8, source_format="uint", uint8_signed_cast=cast)
+        assert np.array_equal(plain.dequantize().numpy(), vals.astype(np.float32)), cast
+        scaled = from_bitblas(qweight, torch.from_numpy(s), bits=8, source_format="uint", group_size=g,
+                              uint8_signed_cast=cast)
+        assert np.array_equal(scaled.dequantize().numpy(), (vals * sk).astype(np.float32)), cast
+    with pytest.raises(UnsupportedConfigError, match="uint8_signed_cast"):
+        from_bitblas(qweight, bits=4, source_format="uint", uint8_signed_cast=True)
+    with pytest.raises(UnsupportedConfigError, match="zeros"):
+        from_bitblas(qweight, torch.from_numpy(s), torch.from_numpy(s), bits=8, source_format="uint", group_size=g,
+                     zeros_mode="original", uint8_signed_cast=True)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmaemit.dequant import (QuantScheme, act_order_permutation, dequantize, get_format, quantize, unpack,
-                             unpack_from_mma)
+from mmaemit.dequant import (QuantScheme, act_order_permutation, dequantize, dequantize_codes, get_format, quantize,
+                             unpack, unpack_from_mma)
 from mmaemit.dequant.rounding import round_np
 from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 
@@ -293,3 +293,26 @@ def test_host_transforms_on_cuda_match_cpu():
         assert torch.equal(gpu.packed.cpu(), cpu.packed)
         assert torch.equal(gpu.dequantize().cpu(), cpu.dequantize())
         assert torch.equal(gpu.mma_words().cpu(), cpu.mma_words())
+
+
+@pytest.mark.parametrize("fmt, zeros_mode", [("uint4", "original"), ("uint4", "rescale"), ("uint4", "quantized"),
+                                             ("int8", None), ("nf4", None)])
+def test_numpy_in_bfloat16_out_is_an_ml_dtypes_array(fmt, zeros_mode):
+    """Issue 12: numpy in gives numpy out for bfloat16 too (``ml_dtypes.bfloat16``), bit-identical to the torch path;
+    ``ml_dtypes.bfloat16`` scales are accepted as input."""
+    W = torch.from_numpy(rng.standard_normal((N, 128)).astype(np.float32))
+    qw = quantize(W, QuantScheme(fmt, 64, zeros_mode))
+    np_args = [None if t is None else t.numpy() for t in (qw.packed, qw.scales, qw.zeros)]
+    ref = dequantize(qw.packed, qw.scales, qw.zeros, qw.scheme, out_dtype="bfloat16")
+    assert ref.dtype == torch.bfloat16
+    for fn, args in ((dequantize, (*np_args, qw.scheme)),
+                     (dequantize_codes, (qw.codes().numpy(), qw.scheme, *np_args[1:]))):
+        out = fn(*args, out_dtype="bfloat16")
+        assert isinstance(out, np.ndarray) and out.dtype == md.bfloat16, (fn.__name__, type(out), out.dtype)
+        assert np.array_equal(out.view(np.int16), ref.view(torch.int16).numpy()), fn.__name__
+    if zeros_mode != "quantized":   # bfloat16 scales / zeros given as ml_dtypes arrays: the same as torch bfloat16
+        bf = [None if t is None else t.to(torch.bfloat16) for t in (qw.scales, qw.zeros)]
+        want = dequantize(qw.packed, *bf, qw.scheme, out_dtype="float32")
+        got = dequantize(np_args[0], *[None if t is None else t.float().numpy().astype(md.bfloat16) for t in bf],
+                         qw.scheme, out_dtype="float32")
+        assert got.dtype == np.float32 and np.array_equal(got, want.numpy())

@@ -131,6 +131,29 @@ def test_kmajor_no_swizzle_matches_the_isa_tf32_example():
             assert got[r, k // 4] + 4 * (k % 4) == 2048 + 4 * elem
 
 
+@pytest.mark.parametrize("width, lbo, sbo", [
+    # PTX ISA MN-major bf16 examples: exact layouts ((8,W/16,2),(8,2)):((1,8,LBO),(8 W/16,SBO)) in elements
+    (0, 128, 64),                                    # no swizzle: ((8,1,2),(8,2)):((1,8,64),(8,128))
+    (32, 128, 256), (64, 256, 512),
+])
+def test_mnmajor_addresses_match_the_isa_bf16_examples(width, lbo, sbo):
+    d = W.MatrixDescriptor(start=4096, lbo=2 * lbo, sbo=2 * sbo, base_offset=0,
+                           layout_type={0: 0, 32: 3, 64: 2}[width])
+    per = 1 if width == 0 else width // 16                  # 16-byte chunks per swizzle row
+    got = W.mnmajor_chunk_addresses(d, 16, 2 * per)          # (k, chunk): 16 K rows, 2 atoms of MN chunks
+    for k in range(16):
+        for mn in range(0, 16 * per, 8):
+            c = mn // 8
+            if width == 0:                                   # MN: (8,1,2):(1,8,SBO); K: (8,2):(8,LBO)
+                elem = mn % 8 + sbo * (mn // 8) + 8 * (k % 8) + lbo * (k // 8)
+            else:                                            # MN: (8,per,2):(1,8,LBO); K: (8,2):(8 per,SBO)
+                elem = mn % 8 + 8 * (c % per) + lbo * (c // per) + 8 * per * (k % 8) + sbo * (k // 8)
+            addr = 4096 + 2 * elem
+            if width:                                        # Swizzle<b,4,3> on the byte address
+                addr ^= ((addr >> 7) & (per - 1)) << 4
+            assert got[k, c] == addr, (k, mn)
+
+
 def test_swizzle_address_xors_chunk_bits_with_row_bits():
     a = RNG.integers(0, 2 ** 18, 500)
     for width, nbits in ((128, 3), (64, 2), (32, 1)):
@@ -267,8 +290,7 @@ def test_report_mode_lists_a_read_before_wait_and_the_unretired_operations():
 
 
 def test_unsupported_forms_are_refused():
-    with pytest.raises(UnsupportedConfigError, match=r"imm-trans-b=1 .*K-major"):
-        _run(trans_b=1)
+    # (MN-major f16 / bf16 operands, imm-trans = 1, run: tests/test_wgmma_emitter.py)
     with pytest.raises(UnsupportedConfigError, match=r"base offset 1"):
         _run(desc_extra=1 << 49)
     with pytest.raises(ArchError):

@@ -10,6 +10,8 @@ with groupID = %laneid >> 2, threadID_in_group = %laneid % 4. Element i of a fra
 register i // per_reg, sub-element i % per_reg counted from the low bits.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -243,3 +245,24 @@ def test_table_is_a_permutation_of_the_tile():
             back = np.zeros_like(tile)
             back[tab[..., 0], tab[..., 1]] = regs
             assert np.array_equal(back, tile)
+
+
+def test_ptx_name_is_accepted_and_a_bad_name_lists_what_is():
+    """Issue 12: the error listed the PTX name it then rejected. Every table entry's PTX name (and the integer ones'
+    .satfinite spelling) gives the entry's own map; any other string lists exactly the accepted names."""
+    for e in isa.MMA_TABLE:
+        for op in "ABC":
+            assert mma_fragment(e.ptx(), op) is mma_fragment(e, op)
+        if e.is_integer:
+            assert mma_fragment(e.ptx(True), "C") is mma_fragment(e, "C")
+    frag = mma_fragment("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "A")
+    assert (frag.rows, frag.cols, frag.elem_bits) == (16, 16, 16)
+    bad = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f16"
+    with pytest.raises(UnsupportedConfigError) as ei:
+        mma_fragment(bad, "A")
+    head, _, valid = str(ei.value).partition("valid PTX names:")
+    assert bad in head
+    listed = set(re.findall(r"'(mma\.sync[^']*)'", valid))
+    assert listed == {e.ptx() for e in isa.MMA_TABLE}
+    for name in listed:
+        mma_fragment(name, "A")     # everything the message lists is accepted

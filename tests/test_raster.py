@@ -129,3 +129,33 @@ def test_gemm_default_order_is_unchanged_and_bad_knobs_are_refused():
         make_gemm(256, 256, 64, config=GemmConfig(raster="zigzag"), arch="sm_80")
     with pytest.raises(UnsupportedConfigError, match="persistent"):
         make_gemm(256, 256, 64, config=GemmConfig(persistent=-1), arch="sm_80")
+
+
+def test_wave_footprint_counts_distinct_panels():
+    from mmaemit.layouts.raster import wave_footprint_bytes
+    # row-major on a 4 x 8 grid, waves of 8: one A panel and 8 B panels per wave
+    r = raster_order("row", 4, 8)
+    assert wave_footprint_bytes(r, 8, 128, 128, 64) == (1 * 128 + 8 * 128) * 64 * 2
+    # panel 4: a wave of 8 covers 4 rows x 2 columns
+    p = raster_order("panel", 4, 8, 4)
+    assert wave_footprint_bytes(p, 8, 128, 128, 64, 1, 1) == (4 * 128 + 2 * 128) * 64
+    with pytest.raises(TileShapeError):
+        wave_footprint_bytes(r, 0, 128, 128, 64)
+
+
+@pytest.mark.parametrize("shape, expected", [((16384, 16384, 4096), ("panel", 8)), ((8192, 65536, 8192), ("panel", 8)),
+                                             ((4096, 4096, 4096), ("row", 1)), ((8192, 8192, 2048), ("row", 1))])
+def test_default_raster_rule_matches_the_h100_study(shape, expected):
+    """The shapes of the study (BENCHMARKS.md): row-major won where a wave's panels fit in the 50 MB L2, panel 8 where
+    they did not; the rule reproduces each winner."""
+    from mmaemit.layouts.raster import L2_BYTES, choose_raster
+    M, N, K = shape
+    assert choose_raster(M // 128, N // 128, 128, 128, K, 132, L2_BYTES[9]) == expected
+
+
+def test_gemm_config_auto_raster_is_the_default():
+    from mmaemit.kernels.gemm_mma import GemmConfig, make_gemm
+    assert GemmConfig().raster == "auto"
+    make_gemm(256, 256, 128, config=GemmConfig(raster="auto"))
+    with pytest.raises(UnsupportedConfigError, match="auto"):
+        make_gemm(256, 256, 128, config=GemmConfig(raster="hilbert"))

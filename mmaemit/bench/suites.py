@@ -73,11 +73,12 @@ def problems(suite: str, opts) -> list:
         for shape in opts.shapes:
             N, K = map(int, shape.lower().split("x"))
             zeros = opts.zeros_mode
-            series = f"{N}x{K} {opts.format} g{opts.group}" + (f" zeros {zeros}" if zeros else "")
-            for M in opts.ms:
-                out.append(Problem(suite, f"M={M} {series}", series, M, 2.0 * M * N * K,
-                                   dict(M=M, N=N, K=K, group_size=opts.group, dtype="float16",
-                                        weight_format=opts.format, zeros_mode=zeros)))
+            for dtype in getattr(opts, "dtypes", None) or ["float16"]:
+                series = f"{N}x{K} {opts.format} g{opts.group} {dtype}" + (f" zeros {zeros}" if zeros else "")
+                for M in opts.ms:
+                    out.append(Problem(suite, f"M={M} {series}", series, M, 2.0 * M * N * K,
+                                       dict(M=M, N=N, K=K, group_size=opts.group, dtype=dtype,
+                                            weight_format=opts.format, zeros_mode=zeros)))
         return out
     raise ValueError(f"unknown suite {suite!r}")
 
@@ -96,6 +97,8 @@ _FAKE_RATES = {"mmaemit default": 0.55, "mmaemit tuned": 0.6, "mmaemit sweep": 0
 
 def _impls(suite, opts) -> list:
     out = [f"mmaemit {c}" for c in opts.configs if c != "sweep"]
+    if "dynamic" in opts.configs and getattr(opts, "all_paths", False):
+        out += ["mmaemit path tiled64", "mmaemit path tiled128", "mmaemit path dense"]
     if "sweep" in opts.configs:
         out += ["mmaemit sweep"]
     peers = {"gemm": ["torch.matmul"], "int8": ["torch._int_mm"], "fp8": ["torch._scaled_mm"],
@@ -152,6 +155,8 @@ def _mmaemit_kernels(tk, builder, args, opts, arch):
 
     full = dict(args, arch=arch)
     for kind in opts.configs:
+        if kind == "dynamic":             # timed by the dequant suite itself (_dequant_dynamic)
+            continue
         if kind == "default":
             cfg = tk.default_params(**full)["config"]
             items = [("mmaemit default", cfg)]
@@ -247,23 +252,25 @@ def _dequant(p: Problem, opts, arch) -> list:
 
     a = p.args
     M, N, K = a["M"], a["N"], a["K"]
+    act = getattr(torch, a.get("dtype", "float16"))
     name = torch.cuda.get_device_name()
     bw = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), 3.0e12)
-    cache = _DEQUANT_WEIGHTS.get((N, K, a["weight_format"], a["group_size"], a["zeros_mode"]))
+    wkey = (N, K, a["weight_format"], a["group_size"], a["zeros_mode"], act)
+    cache = _DEQUANT_WEIGHTS.get(wkey)
     if cache is None:
         _DEQUANT_WEIGHTS.clear()
-        w = torch.randn(N, K, device="cuda", dtype=torch.float16)
+        w = torch.randn(N, K, device="cuda", dtype=act)
         qw = D.quantize(w, D.QuantScheme(a["weight_format"], group_size=a["group_size"], zeros_mode=a["zeros_mode"]))
         tensors, _ = kernel_arguments(qw)
         tensors = [t.cuda() for t in tensors]
         wbytes = sum(t.numel() * t.element_size() for t in tensors)
         rot = [tensors] + [[t.clone() for t in tensors] for _ in range(copies_needed(wbytes) - 1)]
         W16 = qw.dequantize().to(torch.float16).cuda()
-        cache = _DEQUANT_WEIGHTS[(N, K, a["weight_format"], a["group_size"], a["zeros_mode"])] = (rot, wbytes, W16)
+        cache = _DEQUANT_WEIGHTS[wkey] = (rot, wbytes, W16)
     rot, wbytes, W16 = cache
-    A = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    A = torch.randn(M, K, device="cuda", dtype=act)
     full = dict(a, arch=arch)
-    C = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    C = torch.empty(M, N, device="cuda", dtype=act)
     ref = T.dequant_reference(full, (A, *rot[0], C))
     floor = (wbytes + A.numel() * 2 + M * N * 2) / bw * 1e6
     rows = []
@@ -272,12 +279,14 @@ def _dequant(p: Problem, opts, arch) -> list:
             rows.append(Measurement(p.suite, p.name, p.series, p.x, impl, text, None, p.flops,
                                     f"ERROR: {type(kernel).__name__}: {str(kernel)[:200]}", floor_us=floor))
             continue
-        out = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+        out = torch.full((M, N), float("nan"), dtype=act, device="cuda")
         kernel(A, *rot[0], out)
         torch.cuda.synchronize()
-        ok, check = _check_text(out, ref, 2e-3)
+        ok, check = _check_text(out, ref, 2e-3 if act == torch.float16 else 8e-3)
         t = time_rotating([lambda ts=ts: kernel(A, *ts, out) for ts in rot]) if ok else None
         rows.append(Measurement(p.suite, p.name, p.series, p.x, impl, text, t, p.flops, check, floor_us=floor))
+    if "dynamic" in opts.configs:
+        rows.extend(_dequant_dynamic(p, opts, arch, A, rot, ref, floor))
     for impl, dt in (("cuBLAS fp16", torch.float16), ("cuBLAS bf16", torch.bfloat16)):
         Wt = W16.to(dt)
         copies = [Wt] + [Wt.clone() for _ in range(copies_needed(Wt.numel() * 2) - 1)]
@@ -290,6 +299,42 @@ def _dequant(p: Problem, opts, arch) -> list:
 
 
 _DEQUANT_WEIGHTS: dict = {}
+_DYNAMIC: dict = {}
+
+
+def _dequant_dynamic(p: Problem, opts, arch, A, rot, ref, floor) -> list:
+    """The dynamic-M DequantGemm (one warmed kernel set per weight shape and dtype, shared by every M), and with
+    ``--all-paths`` each path that can serve this M, checked on a poisoned output, then timed like the others."""
+    import torch
+
+    from ..kernels.dequant_dispatch import DequantGemm
+    from ..runtime.timing import time_rotating
+
+    a = p.args
+    M, N = a["M"], a["N"]
+    key = (N, a["K"], a["group_size"], a["dtype"], a["weight_format"], a["zeros_mode"], arch)
+    dg = _DYNAMIC.get(key)
+    if dg is None:
+        dg = _DYNAMIC[key] = DequantGemm(N, a["K"], a["group_size"], a["dtype"], a["weight_format"],
+                                         a["zeros_mode"], arch)
+    todo = [("mmaemit dynamic", dg.path_for(M))]
+    if getattr(opts, "all_paths", False):
+        todo += [(f"mmaemit path {q}", q) for q in ("tiled64", "tiled128", "dense")
+                 if any(r[0] == q for r in dg.ranges)]
+    rows = []
+    tol = 2e-3 if A.dtype == torch.float16 else 8e-3
+    for impl, path in todo:
+        text = f"DequantGemm path {path} (large_m={dg.large_m})"
+        try:
+            out = torch.full((M, N), float("nan"), dtype=A.dtype, device="cuda")
+            dg.run_path(path, A, *rot[0], out=out)
+            torch.cuda.synchronize()
+            ok, check = _check_text(out, ref, tol)
+            t = time_rotating([lambda ts=ts: dg.run_path(path, A, *ts, out=out) for ts in rot]) if ok else None
+        except Exception as e:  # reported in the table, the rest of the suite goes on
+            t, check = None, f"ERROR: {type(e).__name__}: {str(e)[:200]}"
+        rows.append(Measurement(p.suite, p.name, p.series, p.x, impl, text, t, p.flops, check, floor_us=floor))
+    return rows
 
 
 def _torch_int4_peer(p, A_bf16, N, K, group, floor) -> Measurement:

@@ -13,7 +13,7 @@ from .decode import FAST_DECODE, DecodeProgram, decode_program
 from .formats import FORMATS, NF4_TABLE, Format, get_format
 from .fragment_order import (fragment_coord, fragment_index_map, fragment_slot, from_fragment_order, pack_for_mma,
                              tiling, to_fragment_order, unpack_from_mma)
-from .importers import from_bitblas, from_gptq
+from .importers import AWQ_PACK_ORDER, from_awq, from_bitblas, from_gptq
 from .interleave import bit_positions, deinterleave, interleave
 from .packing import pack, unpack
 from .quantize import QuantizedWeight, quantize
@@ -27,6 +27,6 @@ __all__ = [
     "pack", "unpack", "interleave", "deinterleave", "bit_positions",
     "tiling", "fragment_coord", "fragment_slot", "fragment_index_map", "to_fragment_order", "from_fragment_order",
     "pack_for_mma", "unpack_from_mma",
-    "QuantizedWeight", "quantize", "from_gptq", "from_bitblas",
+    "QuantizedWeight", "quantize", "from_gptq", "from_awq", "from_bitblas", "AWQ_PACK_ORDER",
     "DecodeProgram", "decode_program", "FAST_DECODE",
 ]

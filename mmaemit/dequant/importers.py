@@ -13,10 +13,23 @@ GPTQ (AutoGPTQ ``QuantLinear``, GPTQModel), bits in {2, 4, 8}:
 * ``sym=True``: every zero must be 2^(b-1); the weight becomes offset-binary ``int{b}_ob`` with scales only
   (one operation less in the decode). ``sym=False``: ``uint{b}`` with ``zeros_mode`` original / rescale / quantized.
 
+AWQ (AutoAWQ ``GEMM`` version, 4-bit; the published format, no upstream code):
+
+* ``qweight`` int32 [K, N/8]: packed along **N** (not K): word ``qweight[k, w]`` holds the codes of the 8 output
+  columns ``8 w .. 8 w + 7`` of input row k, column ``8 w + AWQ_PACK_ORDER[i]`` in nibble i (bits ``4 i``), with
+  ``AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)`` (even columns in the low half-word: the interleave of AWQ's
+  fp16 dequant kernel);
+* ``qzeros`` int32 [K/g, N/8], packed the same way; ``scales`` fp16 [K/g, N];
+* dequantized weight ``W[n, k] = (q[k, n] - z[k // g, n]) * scales[k // g, n]``: zeros stored as is (no GPTQ-v1
+  style minus one), no act-order.
+
 BitBLAS (``bitblas.Matmul`` weight, NonTransform layout, int8 storage):
 
 * ``qweight`` int8 [N, K*b/8], packed along K little-endian within each byte
-* ``source_format`` "uint" -> uint{b}; "int" -> two's complement int8 for b = 8, offset binary int{b}_ob for b = 2, 4
+* ``source_format`` "uint" -> uint{b} (codes 0 .. 2^b - 1; for b = 8 that is what "uint" means, but BitBLAS itself
+  stores uint8 codes as int8 bytes and its TIR reference and kernels decode them with a plain signed cast, so codes
+  128 .. 255 come out as code - 256: ``uint8_signed_cast=True`` imports that reading instead, as format int8, and then
+  reproduces BitBLAS's numbers; it takes no zeros, which mmaemit defines for unsigned formats only); "int" -> two's complement int8 for b = 8, offset binary int{b}_ob for b = 2, 4
   (BitBLAS stores ``v + 2^(b-1)``), int1 for b = 1 (the {-1, +1} meaning of BitBLAS's LOP3 path and docs; its TIR
   reference reads {0, -1} instead); "nf" -> nf4; "fp" (b = 4) -> OCP float4_e2m1fn (the codes' intended meaning;
   BitBLAS's own decode reads them as sign + 3-bit exponent, a bug); "fp_e4m3" / "fp_e5m2" -> float8.
@@ -34,7 +47,7 @@ from .packing import pack, to_torch, unpack
 from .quantize import QuantizedWeight
 from .scaling import QuantScheme, pack_zeros
 
-__all__ = ["from_gptq", "from_bitblas"]
+__all__ = ["from_gptq", "from_awq", "from_bitblas", "AWQ_PACK_ORDER"]
 
 GPTQ_BITS = (2, 4, 8)
 
@@ -118,6 +131,60 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int, group_size: int
     return QuantizedWeight(pack(codes, bits, -1, storage), scales_ng, zeros, gi, scheme, (n, k))
 
 
+#: nibble i of an AWQ word holds column ``8 w + AWQ_PACK_ORDER[i]`` of its group of 8 output columns
+AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _unpack_awq_words(words, bits):
+    """int32 [R, N*b/32] packed along N in AWQ's order -> int64 codes [R, N] in column order."""
+    import torch
+
+    per = 32 // bits
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, bits, device=w.device)
+    nib = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)             # [R, N/8, 8]: nibble i
+    cols = torch.empty_like(nib)
+    cols[..., list(AWQ_PACK_ORDER)] = nib                                # column AWQ_PACK_ORDER[i] <- nibble i
+    return cols.reshape(w.shape[0], w.shape[1] * per)
+
+
+def from_awq(qweight, qzeros, scales, *, bits: int = 4, group_size: int = 128, zeros_mode: str = "quantized",
+             storage: str = "int32") -> QuantizedWeight:
+    """AWQ (AutoAWQ GEMM) tensors -> QuantizedWeight [N, K] ``uint4`` with zeros (see the module docstring)."""
+    import torch
+
+    if bits != 4:
+        raise UnsupportedConfigError(f"AWQ bits={bits}: the AWQ GEMM format packs 4-bit codes; valid: 4")
+    if zeros_mode not in ("quantized", "original", "rescale"):
+        raise UnsupportedConfigError(f"zeros_mode={zeros_mode!r}; valid: 'quantized', 'original', 'rescale'")
+    qweight = _int_tensor(qweight, "qweight", ("int32",))
+    qzeros = _int_tensor(qzeros, "qzeros", ("int32",))
+    sc, _ = to_torch(scales)
+    if qweight.dim() != 2:
+        raise ArgumentError(f"qweight must be 2-D [K, N*bits/32], got {tuple(qweight.shape)}")
+    k, n = qweight.shape[0], qweight.shape[1] * 32 // bits
+    g = k if group_size == -1 else group_size
+    if not isinstance(g, int) or g <= 0 or k % g:
+        raise ArgumentError(f"group_size={group_size} must be -1 or a positive divisor of K={k}")
+    groups = k // g
+    if tuple(qzeros.shape) != (groups, n * bits // 32) or tuple(sc.shape) != (groups, n):
+        raise ArgumentError(f"for K={k}, N={n}, bits={bits}, group_size={g}: qzeros must be [{groups}, "
+                            f"{n * bits // 32}] and scales [{groups}, {n}]; got {list(qzeros.shape)}, {list(sc.shape)}")
+    if not sc.dtype.is_floating_point:
+        raise ArgumentError(f"scales must be float, got {sc.dtype}")
+    codes = _unpack_awq_words(qweight, bits).transpose(0, 1).to(torch.uint8).contiguous()     # [N, K]
+    z = _unpack_awq_words(qzeros, bits).transpose(0, 1)                                        # [N, G]
+    scales_ng = sc.transpose(0, 1).contiguous()
+    scheme = QuantScheme(f"uint{bits}", group_size, zeros_mode)
+    if zeros_mode == "original":
+        zeros = z.to(sc.dtype)
+    elif zeros_mode == "rescale":
+        zeros = (z.to(torch.float64) * scales_ng.to(torch.float64)).to(torch.float32)
+    else:
+        zeros = pack_zeros(z.to(torch.uint8), bits, storage)
+    return QuantizedWeight(pack(codes, bits, -1, storage), scales_ng, zeros, None, scheme, (n, k))
+
+
 _BITBLAS_FORMATS = {
     ("uint", 1): "uint1", ("uint", 2): "uint2", ("uint", 4): "uint4", ("uint", 8): "uint8",
     ("int", 1): "int1", ("int", 2): "int2_ob", ("int", 4): "int4_ob", ("int", 8): "int8",
@@ -143,8 +210,14 @@ def _undo_bitblas_lop3(qweight, bits):
 
 
 def from_bitblas(qweight, scales=None, zeros=None, *, bits: int, source_format: str = "uint", group_size: int = -1,
-                 zeros_mode: str | None = None, lop3_interleaved: bool = False) -> QuantizedWeight:
-    """BitBLAS weight tensors -> QuantizedWeight [N, K] with int8 storage (see the module docstring)."""
+                 zeros_mode: str | None = None, lop3_interleaved: bool = False,
+                 uint8_signed_cast: bool = False) -> QuantizedWeight:
+    """BitBLAS weight tensors -> QuantizedWeight [N, K] with int8 storage (see the module docstring).
+
+    ``source_format="uint", bits=8`` reads codes 0 .. 255 (the format's meaning) by default; with
+    ``uint8_signed_cast=True`` each byte is cast to int8 as BitBLAS's own decode does (codes 128 .. 255 become
+    code - 256; the weight's format is then int8), which reproduces BitBLAS's numbers.
+    """
     import torch
 
     key = (source_format, bits)
@@ -152,6 +225,15 @@ def from_bitblas(qweight, scales=None, zeros=None, *, bits: int, source_format: 
         raise UnsupportedConfigError(f"BitBLAS source_format={source_format!r} with bits={bits} is not supported; "
                                      f"valid: {choices(f'{f}/{b}' for f, b in _BITBLAS_FORMATS)}")
     fmt_name = _BITBLAS_FORMATS[key]
+    if uint8_signed_cast:
+        if key != ("uint", 8):
+            raise UnsupportedConfigError(f"uint8_signed_cast applies to source_format='uint' with bits=8 only, not "
+                                         f"{source_format!r} with bits={bits}")
+        if zeros is not None or zeros_mode is not None:
+            raise UnsupportedConfigError(
+                "uint8_signed_cast=True gives signed (int8) codes, and zeros are defined for unsigned formats only; "
+                "import BitBLAS uint8 weights with zeros with uint8_signed_cast=False (codes 0 .. 255)")
+        fmt_name = "int8"
     qw = _int_tensor(qweight, "qweight", ("int8", "uint8"))
     if qw.dim() != 2:
         raise ArgumentError(f"qweight must be 2-D [N, K*bits/8], got {tuple(qw.shape)}")

@@ -39,16 +39,32 @@ def storage_of(packed) -> str:
 
 
 def to_torch(x):
-    """(tensor, was_numpy). numpy unsigned 32-bit words are widened to int64 (torch lacks most uint32 ops)."""
+    """(tensor, was_numpy). numpy unsigned 32-bit words are widened to int64 (torch lacks most uint32 ops);
+    ``ml_dtypes.bfloat16`` arrays become torch.bfloat16 (bit for bit)."""
     import torch
 
     if isinstance(x, np.ndarray):
         if x.dtype == np.uint32:
             x = x.astype(np.int64)
+        if x.dtype.name == "bfloat16":  # ml_dtypes.bfloat16: the same bits as torch.bfloat16
+            return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16), True
         return torch.from_numpy(np.ascontiguousarray(x)), True
     if not isinstance(x, torch.Tensor):
         raise ArgumentError(f"expected a torch tensor or numpy array, got {type(x).__name__}")
     return x, False
+
+
+def to_numpy(t):
+    """A CPU numpy copy of torch tensor ``t``; bfloat16 becomes an ``ml_dtypes.bfloat16`` array (numpy has no
+    bfloat16 of its own; torch's ``.numpy()`` refuses it), bit for bit."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 def _to_storage(words64, storage: str):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from ..errors import ArgumentError, TileShapeError, UnsupportedConfigError, choices
 from .formats import Format, get_format
-from .packing import STORAGE_BITS, pack, storage_of, to_torch, unpack
+from .packing import STORAGE_BITS, pack, storage_of, to_numpy, to_torch, unpack
 from .rounding import round_sum_torch, round_torch
 
 __all__ = ["ZEROS_MODES", "QuantScheme", "dequantize", "dequantize_codes", "pack_zeros", "unpack_zeros",
@@ -155,14 +155,14 @@ def pack_zeros(zero_codes, bits: int, storage: str = "int32"):
     """Zero codes [N, G] -> packed [G, N*bits/storage_bits], packed along N (the "quantized" zeros layout)."""
     t, was_np = to_torch(zero_codes)
     out = pack(t.transpose(0, 1), bits, axis=-1, storage=storage)
-    return out.numpy() if was_np else out
+    return to_numpy(out) if was_np else out
 
 
 def unpack_zeros(qzeros, bits: int):
     """Inverse of :func:`pack_zeros`: packed [G, N*bits/sb] -> zero codes [N, G] (uint8)."""
     t, was_np = to_torch(qzeros)
     out = unpack(t, bits, axis=-1).transpose(0, 1)
-    return out.numpy() if was_np else out
+    return to_numpy(out) if was_np else out
 
 
 def _float_tensor(x, name, shape, device):
@@ -206,7 +206,7 @@ def dequantize_codes(codes, scheme: QuantScheme, scales=None, zeros=None, g_idx=
         if scales is not None or zeros is not None or g_idx is not None:
             raise ArgumentError("group_size=None means no scaling: pass no scales, zeros or g_idx")
         out = round_torch(w, out_dtype)
-        return out.numpy() if was_np else out
+        return to_numpy(out) if was_np else out
     groups = scheme.num_groups(k)
     if scales is None:
         raise ArgumentError(f"scheme {scheme.format} with group_size={scheme.group_size} needs scales [{n}, {groups}]")
@@ -236,10 +236,10 @@ def dequantize_codes(codes, scheme: QuantScheme, scales=None, zeros=None, g_idx=
         z = _float_tensor(zeros, "zeros", (n, groups), dev)[:, gi]
         if mode == "rescale":  # w * s is exact in float64; the subtraction is rounded once, correctly
             out = round_sum_torch(w * s, -z, out_dtype)
-            return out.numpy() if was_np else out
+            return to_numpy(out) if was_np else out
         out = (w - z) * s
     out = round_torch(out, out_dtype)
-    return out.numpy() if was_np else out
+    return to_numpy(out) if was_np else out
 
 
 def dequantize(packed, scales, zeros, scheme: QuantScheme, g_idx=None, out_dtype="float32"):
@@ -258,4 +258,4 @@ def dequantize(packed, scales, zeros, scheme: QuantScheme, g_idx=None, out_dtype
         raise ArgumentError(f"packed weight must be 2-D [N, K*b/storage_bits], got shape {tuple(t.shape)}")
     codes = unpack(t, scheme.bits, axis=-1)
     out = dequantize_codes(codes, scheme, scales, zeros, g_idx, out_dtype)
-    return out.numpy() if was_np else out
+    return to_numpy(out) if was_np else out

@@ -20,7 +20,9 @@ C ``[warp_rows, warp_cols, local_size_c]`` of float32 (f32 accumulators) or uint
 shl/shr/lop3 for 4-bit), which permutes M (A) or N (B) inside a 16- or 32-wide load group. The accumulators then hold
 C with permuted rows / columns: ``stmatrix`` and ``reduce_accumulators`` account for it; code that reads
 ``C_frag`` by hand must map registers with ``accumulator_coords`` (``c_row_perm`` / ``c_col_perm`` are the raw
-permutations, None when the major needs none).
+permutations, None when the major needs none). ``accumulator_coords``, ``accumulator_register`` and
+``accumulator_value`` take Python ints or TIR loop variables, so a custom epilogue is a ``T.unroll`` loop over
+``warp_rows x warp_cols x accumulator_elems`` (``examples/gemm_fused_epilogue.py``).
 """
 from __future__ import annotations
 
@@ -353,39 +355,65 @@ class TensorCoreIntrinEmitter:
                 if r != lane // 4 + 8 * hi or not 0 <= c < 8:
                     raise AssertionError(f"C fragment slot (lane {lane}, reg {reg}, elem {elem}) is at {(r, c)}")
 
+    # Every map below uses only + - * // % (floordiv / floormod on TIR), so it evaluates on Python ints and on
+    # PrimExprs alike: the same code serves the emitters (constant indices) and hand-written TIR loops.
+    accumulator_elems = property(
+        lambda self: (self.n_tile // 8) * self.instruction.c_elems,
+        doc="flat accumulator elements per micro tile (per lane): e of ``accumulator_coords`` runs over 0 .. this - 1")
+
     def _acc_slot(self, e):
         """Flat accumulator element ``e`` of a micro tile -> (n8 half h, register index in C_frag, half in it)."""
         ins = self.instruction
-        h, idx = divmod(e, ins.c_elems)
+        h, idx = e // ins.c_elems, e % ins.c_elems
         per = self.c_layout.elems_per_reg
         return h, h * ins.c_regs + idx // per, idx % per
 
     def _m_of(self, i, lo, hi):
         plan = self.a_plan
         if isinstance(plan, TransposedLoadPlan):
-            grp, u = divmod(i, plan.units)
-            return grp * plan.extent + plan.mn_offset(u, lo, hi)
+            return (i // plan.units) * plan.extent + plan.mn_offset(i % plan.units, lo, hi)
         return i * self.micro_m + lo + 8 * hi
 
     def _n_of(self, j, h, col):
         plan = self.b_plan
         if isinstance(plan, TransposedLoadPlan):
-            grp, u = divmod(j * (self.n_tile // 8) + h, plan.units)
-            return grp * plan.extent + plan.mn_offset(u, col)
+            s = j * (self.n_tile // 8) + h
+            return (s // plan.units) * plan.extent + plan.mn_offset(s % plan.units, col)
         return j * self.n_tile + 8 * h + col
 
     def accumulator_coords(self, lane, i, j, e):
         """(m, n) inside the warp tile of flat accumulator element ``e`` of micro tile (i, j) held by ``lane``.
 
-        ``e`` runs over ``(n_tile // 8) * instruction.c_elems`` elements: n8 half ``e // c_elems``, then the C
-        fragment's element order (f16 accumulators: two per register, low half first). ``lane`` may be a PrimExpr.
-        This is the map to use when reading ``C_frag`` by hand: it includes ``c_row_perm`` / ``c_col_perm``.
+        ``e`` runs over ``accumulator_elems`` = ``(n_tile // 8) * instruction.c_elems`` elements: n8 half
+        ``e // c_elems``, then the C fragment's element order (f16 accumulators: two per register, low half first).
+        Every argument may be a Python int or a PrimExpr (a ``T.unroll`` / ``T.serial`` loop variable inside
+        ``@T.prim_func``). The register holding the element is ``accumulator_register(i, j, e)``, its value
+        ``accumulator_value(C_frag, i, j, e)``. Add ``warp_coords(warp)`` times the warp tile (and the CTA's origin)
+        for the position in C. This is the map to use when reading ``C_frag`` by hand: it is the C fragment layout
+        (``mma_fragment(instruction, "C")``) plus ``c_row_perm`` / ``c_col_perm``.
         """
         h, reg, half = self._acc_slot(e)
         lay = self.c_layout
+        # the C layout puts lane l's rows at l // 4 + 8 hi, hi fixed per register slot (checked in __init__)
         hi = lay.forward(0, reg - h * self.instruction.c_regs, half)[0] // 8
         col = lay.forward(lane, reg - h * self.instruction.c_regs, half)[1]
         return self._m_of(i, lane // 4, hi), self._n_of(j, h, col)
+
+    def accumulator_register(self, i, j, e):
+        """(C_frag index ``(i, j, reg)``, half): the register of flat accumulator element ``e`` of micro tile (i, j)
+        and, for f16 accumulators (two per uint32), which 16-bit half (0 = low bits); always 0 otherwise. Ints or
+        PrimExprs."""
+        _, reg, half = self._acc_slot(e)
+        return (i, j, reg), half
+
+    def accumulator_value(self, C_frag, i, j, e):
+        """Flat accumulator element ``e`` of micro tile (i, j) as a PrimExpr of ``accum_dtype`` (float32, float16
+        unpacked from its register half, or int32); ``i``, ``j``, ``e`` may be PrimExprs. Read-only: write results
+        to memory (see ``examples/gemm_fused_epilogue.py``)."""
+        from tvm.script import tirx as T
+
+        x = self._acc_value(C_frag, i, j, e)[0]
+        return T.reinterpret("int32", x) if self.accum_dtype == "int32" else x
 
     def _accumulator_pairs(self):
         """Flat accumulator element pairs (e, e+1) that sit in adjacent columns of one row (checked here)."""
@@ -450,7 +478,10 @@ class TensorCoreIntrinEmitter:
         _, reg, half = self._acc_slot(e)
         r = C_frag[i, j, reg]
         if self.accum_dtype == "float16":
-            bits = r & T.uint32(0xFFFF) if half == 0 else r >> T.uint32(16)
+            if isinstance(half, int):
+                bits = r & T.uint32(0xFFFF) if half == 0 else r >> T.uint32(16)
+            else:
+                bits = (r >> T.Cast("uint32", half * 16)) & T.uint32(0xFFFF)
             return T.reinterpret("float16", T.Cast("uint16", bits)), r, half
         return r, r, half
 

@@ -23,8 +23,9 @@ Diagnostics (errors unless stated otherwise):
 
 Supported: every dense wgmma type in the RS and SS forms (``.f32`` / ``.f16`` accumulators of f16 / bf16, tf32 and
 e4m3 / e5m2 operands, ``.s32{.satfinite}`` of s8 / u8), operands from shared memory in the K-major canonical layouts
-(no swizzle, 32-, 64-, 128-byte swizzle) with base offset 0. MN-major operands (``imm-trans-a/b`` = 1) and b1 are
-refused with ``UnsupportedConfigError``.
+and, for f16 / bf16 (``imm-trans-a/b`` = 1), the MN-major ones (no swizzle, 32-, 64-, 128-byte swizzle) with base
+offset 0. b1 is refused with ``UnsupportedConfigError``. The TMA-box cross-check (``tma_layout_mismatch``) covers
+K-major operands.
 """
 from __future__ import annotations
 
@@ -231,21 +232,31 @@ def _check_tma_layout(st, site, d, addr, rows, t, what, operand):
                  f"layout the descriptor assumes", thread=int(t[0]), buffer="shared", index=int(addr[r * o.shape[1] + j]))
 
 
-def _read_matrix(st, site, desc_bits, t, rows, what, operand, ebits=16):
-    """(rows, 32 bytes of K) elements of a K-major operand read through a matrix descriptor (``ebits``-bit elements:
-    (rows, 16) uint16, (rows, 32) uint8 or (rows, 8) uint32), with the memory checks. Returns (elements, byte
-    addresses (N,) read) for the pending-read bookkeeping."""
+def _read_matrix(st, site, desc_bits, t, rows, what, operand, ebits=16, mn_major=False):
+    """(rows, 32 bytes of K) elements of an operand read through a matrix descriptor (``ebits``-bit elements:
+    (rows, 16) uint16, (rows, 32) uint8 or (rows, 8) uint32), with the memory checks. ``mn_major``: the operand is
+    MN-major (``imm-trans`` = 1, 16-bit only): the descriptor names 16-byte chunks of 8 consecutive rows at one k.
+    Returns (elements, byte addresses (N,) read) for the pending-read bookkeeping."""
     d = W.decode_matrix_descriptor(desc_bits)
     if d.swizzle_bytes and d.base_offset:
         raise UnsupportedConfigError(f"{what}: {operand} descriptor with base offset {d.base_offset}; the interpreter "
                                      f"implements base offset 0 (swizzle patterns starting on their repeat boundary)")
-    addr = W.kmajor_chunk_addresses(d, rows).reshape(-1)          # (rows * 2,)
+    kbytes = 32                                                   # every wgmma reads 32 bytes of K per row
+    if mn_major:
+        if ebits != 16:
+            raise UnsupportedConfigError(f"{what}: an MN-major {operand} of {ebits}-bit elements; wgmma transposes "
+                                         f"16-bit operands only")
+        k_rows = kbytes * 8 // ebits
+        addr = W.mnmajor_chunk_addresses(d, k_rows, rows * ebits // 128).reshape(-1)    # (k_rows * rows / 8,)
+    else:
+        addr = W.kmajor_chunk_addresses(d, rows).reshape(-1)      # (rows * 2,)
     smem = st.smem
-    _check_tma_layout(st, site, d, addr, rows, t, what, operand)
+    if not mn_major:             # the TMA cross-check knows K-major row pitches only
+        _check_tma_layout(st, site, d, addr, rows, t, what, operand)
     bad = (addr < 0) | (addr + 16 > smem.nbytes)
     if bad.any():
         k = int(np.argmax(bad))
-        st.rec.fault(st, "out_of_bounds", site, f"{what}: {operand} row {k // 2} reads shared bytes {int(addr[k])}.."
+        st.rec.fault(st, "out_of_bounds", site, f"{what}: {operand} chunk {k} reads shared bytes {int(addr[k])}.."
                      f"{int(addr[k]) + 15}, outside the CTA's {smem.nbytes}-byte shared memory (descriptor "
                      f"start {d.start}, LBO {d.lbo}, SBO {d.sbo}, {d.swizzle_bytes or 'no'}-byte swizzle)",
                      thread=int(t[0]), buffer="shared", index=int(addr[k]))
@@ -268,6 +279,8 @@ def _read_matrix(st, site, desc_bits, t, rows, what, operand, ebits=16):
                          thread=int(t[0]), buffer=name, index=elem, detail=text or f"shared byte {byte}")
     data = np.zeros((len(addr), 16), np.uint8)
     data[ok] = smem.data[b]
+    if mn_major:                 # (k rows, rows) -> (rows, k)
+        return data.reshape(kbytes * 8 // ebits, rows * 2).view(np.uint16).T.copy(), b.reshape(-1)
     return data.reshape(rows, 32).view({8: np.uint8, 16: np.uint16, 32: np.uint32}[ebits]), b.reshape(-1)
 
 
@@ -286,9 +299,9 @@ def _wgmma_mma(kp, ops, mod, site):
             f"({'RS' if rs else 'SS'})")
     trans_b = ops.imm("trans_b") if ops.nodes("trans_b") else 0
     trans_a = ops.imm("trans_a") if ops.nodes("trans_a") else 0
-    if trans_a or trans_b:
-        raise UnsupportedConfigError(f"{what} with imm-trans-a={trans_a}, imm-trans-b={trans_b} (MN-major operands) at "
-                                     f"{site.text()}; the interpreter implements K-major operands: imm-trans = 0")
+    if (trans_a or trans_b) and atype not in ("f16", "bf16"):
+        raise UnsupportedConfigError(f"{what} with imm-trans-a={trans_a}, imm-trans-b={trans_b} at {site.text()}: "
+                                     f"MN-major operands exist for f16 / bf16 only")
     scale_a = ops.imm("scale_a") if ops.nodes("scale_a") else 1
     scale_b = ops.imm("scale_b") if ops.nodes("scale_b") else 1
     d_regs = [_Reg(kp, node) for node in ops.nodes("d")]
@@ -329,7 +342,7 @@ def _wgmma_mma(kp, ops, mod, site):
                                      f"between the register access and the wgmma)", thread=int(t[k]),
                                      buffer=r.name, index=int(rows[k]))
             b_el, b_bytes = _read_matrix(st, site, _uniform(st, site, bdesc, t, "the B descriptor"), t, n, what, "B",
-                                         W.WGMMA_ELEMENT_BITS[btype])
+                                         W.WGMMA_ELEMENT_BITS[btype], mn_major=bool(trans_b))
             if rs:
                 bits = np.stack([r.read_bits(st, rows, t) for r, rows in regs[len(d_regs):]], -1)   # (128, 4)
                 per = 32 // ebits
@@ -341,7 +354,7 @@ def _wgmma_mma(kp, ops, mod, site):
                 a_bytes = np.zeros(0, np.int64)
             else:
                 a_el, a_bytes = _read_matrix(st, site, _uniform(st, site, adesc, t, "the A descriptor"), t,
-                                             W.WGMMA_M, what, "A", ebits)
+                                             W.WGMMA_M, what, "A", ebits, mn_major=bool(trans_a))
             sd = bool(_uniform(st, site, scale_d, t, "scale-d"))
             smem_bytes = np.concatenate([b_bytes, a_bytes])
             np.add.at(st.smem.wg_reading, smem_bytes, 1)

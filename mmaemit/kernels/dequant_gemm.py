@@ -87,8 +87,26 @@ class GemvConfig:
     decode_variant: str = "shift"  # "marlin": two-mask int4 decode (fp16 only; 9 instead of 11 ops per 8 weights)
 
 
+def symbolic_m(M, m_max=None, limit=None):
+    """``(M expression, largest M)`` for a builder's ``M``: an int gives ``(M, M)``; None gives a fresh symbolic
+    ``m`` (an int32 ``tvm.tirx.Var``: the buffers' row count, bound from A's shape at every call, so one compiled
+    kernel serves every M up to ``m_max``) and ``m_max`` (default ``limit``)."""
+    if M is None:
+        import tvm
+
+        top = m_max if m_max is not None else limit
+        if top is None or not isinstance(top, int) or top < 1:
+            raise TileShapeError(f"a symbolic M needs m_max, a positive int (got {top!r})")
+        if limit is not None and top > limit:
+            raise TileShapeError(f"m_max={top} exceeds this path's limit of {limit}")
+        return tvm.tirx.Var("m", "int32"), top
+    if not isinstance(M, int) or isinstance(M, bool):
+        raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
+    return M, M
+
+
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
-                      weight_format="int4", zeros_mode=None):
+                      weight_format="int4", zeros_mode=None, m_max=None):
     """Build ``gemv(A, W, S, C)`` (``gemv(A, W, S, Z, C)`` with zeros): A [M, K], W int32 [N/16, K/64, 32, b]
     (``to_kernel_layout(codes, b)``, b = the format's bits), S [N/16, K/group, 4, 4] (``to_kernel_scales``, A's
     dtype), C [M, N]. sm_80+ (``arch``: the decode program's target; None = sm_80 programs).
@@ -98,7 +116,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     W = s * value(q). ``zeros_mode`` (uint1/2/4/8 only): "original" W = (q - z) s, "rescale" W = q s - z (z in A's
     dtype, same layout as S), "quantized" W = (q - z) s with integer zero codes z (int16, same layout). Without zeros
     the scale is applied to the fp32 partial sums after the mma; with zeros the decode applies scale and zero to the
-    weights (``decode_program`` modes).
+    weights (``decode_program`` modes). ``M=None``: a symbolic M (:func:`symbolic_m`), one kernel for every
+    1 <= M <= ``m_max`` (default 16; rows >= M are never read or written).
     """
     from tvm.script import tirx as T
 
@@ -108,8 +127,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     dtype = canonical(dtype)
     if dtype not in ("float16", "bfloat16"):
         raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
-    if not 1 <= M <= 16:
+    if M is not None and (not isinstance(M, int) or not 1 <= M <= 16):
         raise TileShapeError(f"the small-M path takes 1 <= M <= 16, not M={M}")
+    M, MMAX = symbolic_m(M, m_max, 16)
     NB, KS = config.n_blocks, config.k_slices
     BN = 16 * NB
     G = K if group_size in (None, -1) else group_size
@@ -125,12 +145,12 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     CH = K // CHUNK // KS
     em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1, block_col_warps=1,
                                  warp_row_tiles=16, warp_col_tiles=BN, chunk=16, n_tile=16, arch=arch)
-    TWO_ROWS = M > 8
+    TWO_ROWS = MMAX > 8
     THREADS = 32 * KS
     GC = G // CHUNK                      # chunks per scale group
     ROWS = 2 if TWO_ROWS else 1          # A rows a lane holds: g (and g + 8 when M > 8)
     MINB = config.min_blocks_per_sm
-    OUT_ITERS = (M * BN + THREADS - 1) // THREADS
+    OUT_ITERS = (MMAX * BN + THREADS - 1) // THREADS
 
     # one word of 32/b codes -> 16/b f16x2 / bf16x2 B registers (mmaemit.dequant.decode), split over k16 steps by plan
     POST_SCALE = zeros_mode is None
@@ -157,7 +177,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         pool = T.SMEMPool()
         Ring = pool.alloc((ST, NB, P, KS * 32, V), "uint32", align=128)   # [stage, block, piece, thread, word]
         pool.move_base_to(0)
-        Part = pool.alloc((KS, M, BN), "float32", align=128)           # partial sums (after the ring is drained)
+        Part = pool.alloc((KS, MMAX, BN), "float32", align=128)           # partial sums (after the ring is drained)
         pool.commit()
         A_frag, B_frag, C_frag = em.alloc_fragments()
         P_frag = T.alloc_local((1, NB, em.local_size_c), "float32")    # this group's unscaled partial sums
@@ -316,8 +336,10 @@ class TiledConfig:
 
 
 def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: TiledConfig = TiledConfig(),
-                            arch=None, *, weight_format="int4", zeros_mode=None):
+                            arch=None, *, weight_format="int4", zeros_mode=None, m_max=None):
     """The tiled path: same arguments and layouts as :func:`make_dequant_gemv`, any M >= 1 (rows >= M masked).
+    ``M=None``: a symbolic M (any M >= 1, ``m_max`` unused but checked if given); the grid is ceil(M / block_m) x
+    N / block_n CTAs, the tile rows of one weight column adjacent (they share its weight tiles in L2).
 
     Per CTA (``block_m x block_n``) and 64-wide K chunk, one ``stages``-deep cp.async ring carries the A tile
     (swizzled, rows >= M zero-filled), the packed weight blocks (``block_n / 16 * 32 * b`` words, flat 16-byte
@@ -345,8 +367,10 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         raise TileShapeError(f"N={N} must be a multiple of block_n={BN} (itself a multiple of 16)")
     if K % CHUNK or G % CHUNK or K % G:
         raise TileShapeError(f"K={K} and group_size={group_size} must be multiples of {CHUNK}, the group dividing K")
-    if M < 1:
+    if M is not None and (not isinstance(M, int) or M < 1):
         raise TileShapeError(f"M must be >= 1, not {M}")
+    DYN = M is None
+    M, _ = symbolic_m(M, m_max if m_max is not None else (1 << 31) - 1)
     em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=BM // cfg.warp_m,
                                  block_col_warps=BN // cfg.warp_n, warp_row_tiles=cfg.warp_m,
                                  warp_col_tiles=cfg.warp_n, chunk=16, n_tile=16, arch=arch)
@@ -390,8 +414,8 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
 
     @T.inline
     def body(A, W, S, Z, C, pid, warp, lane):
-        bm = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[0])
-        bn = T.meta_var(panel_swizzle(pid, GM, GN, cfg.panel)[1])
+        bm = T.meta_var(pid % GM if DYN else panel_swizzle(pid, GM, GN, cfg.panel)[0])
+        bn = T.meta_var(pid // GM if DYN else panel_swizzle(pid, GM, GN, cfg.panel)[1])
         tid = T.meta_var(warp * 32 + lane)
         pool = T.SMEMPool()
         As = pool.alloc((ST, BM, CHUNK), dtype, align=1024)

@@ -31,20 +31,15 @@ from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 
-def _fragments(dtype):
-    """(A, B, C) fragment maps of ``mma.sync m16n8k16`` (:mod:`mmaemit.layouts`): a warp's 16-row slice of the wgmma
-    m64nNk16 A operand and of each n8 column block of its accumulator has exactly these maps."""
-    from mmaemit import isa
-    from mmaemit.layouts import mma_fragment
-
-    instr = isa.select_mma(dtype, dtype, "float32", k=16)
-    return tuple(mma_fragment(instr, op) for op in ("A", "B", "C"))
-
-
 def wgmma_a_order(dtype="float16") -> tuple:
-    """For wgmma A register j (rows = weight rows n, cols = k): the index of the decoded n16 x k16 B-fragment register
-    ([n0 b0, n0 b1, n1 b0, n1 b1]) that holds the same elements, derived from the fragment maps."""
-    A, B, _ = _fragments(dtype)
+    """For wgmma A register j (rows = weight rows n, cols = k; ``mmaemit.layouts.wgmma_a_layout``): the index of the
+    decoded n16 x k16 B-fragment register of ``mma.sync m16n8k16`` ([n0 b0, n0 b1, n1 b0, n1 b1]) that holds the same
+    elements, derived from the two fragment maps."""
+    from mmaemit import isa
+    from mmaemit.layouts import mma_fragment, wgmma_a_layout
+
+    A = wgmma_a_layout(isa.select_wgmma(dtype, dtype, "float32"))
+    B = mma_fragment(isa.select_mma(dtype, dtype, "float32", k=16), "B")
     order = []
     for j in range(4):
         row, k = A.forward(0, j, 0)
@@ -82,8 +77,9 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     half2 ops and ``fence.proxy.async``."""
     from tvm.script import tirx as T
 
-    from mmaemit import isa, make_mma_swizzle_layout
+    from mmaemit import isa
     from mmaemit.arch import as_arch
+    from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
     from mmaemit.dequant.kernel_layout import words_per_chunk
     from mmaemit.kernels.dequant_parts import check_scheme, grid_kernel, kernel_decode_program, pair_of_column
     from mmaemit.layouts.raster import panel_swizzle
@@ -126,22 +122,22 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
     if X_PAIRS % THREADS:
         raise TileShapeError(f"block_t * 32 = {X_PAIRS} must be a multiple of the {THREADS} threads")
     X_IT = X_PAIRS // THREADS
-    swz = make_mma_swizzle_layout((ST, BT, CHUNK), dtype)
-    STAGE_DESC = BT * CHUNK * 2 // 16      # one ring stage in descriptor units (16 bytes)
+    # RS wgmma: A = decoded weights in registers, B = the activation ring (K-major, 128-byte rows = the 128-byte
+    # swizzle); the emitter's B layout is the ring's swizzle (the copy writes through it, the descriptor reads it)
+    em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128, stages=(ST,),
+                            arch=arch)
+    swz = em.shared_layout("B")
     program = kernel_decode_program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch.name)
     HAS_Z = z_kind is not None
     ZD = dtype if z_kind in (None, "act") else z_kind
     R = program.registers                  # B registers per word
     PIECES = BT * BW // 8                  # 16-byte pieces of the C tile
     CPAD = BW + 8                          # epilogue row pitch (halfs): conflict-free transposed writes
-    ab = "f16" if dtype == "float16" else "bf16"
-    WGMMA = f"wgmma.mma_async.sync.aligned.m64n{BT}k16.f32.{ab}.{ab}"
 
     def decode(word, out, scales, zeros):
         program.emit(word, out, scale_pair=scales, zero_pair=zeros)
 
     A_ORDER = wgmma_a_order(dtype)
-    _, _, C_MAP = _fragments(dtype)
 
     def decode_chunk(wb, af, sp, zp, mi):
         # word u decodes B registers [u R, (u + 1) R) of the chunk (4 steps x [n0b0, n0b1, n1b0, n1b1]); they land
@@ -161,7 +157,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
         wi = T.meta_var(warp % 4)
         g = T.meta_var(lane // 4)
         pool = T.SMEMPool()
-        Xs = pool.alloc((ST, BT, CHUNK), dtype, align=1024)
+        Xs = pool.alloc(em.b_shared_shape, dtype, align=em.b_layout.alignment)    # (ST, BT, CHUNK)
         Wr = pool.alloc((ST, MW, THREADS, WPC), "uint32", align=128)    # per-thread rings (own bytes only)
         Sr = pool.alloc((ST, MW, THREADS, 2), "uint32", align=128)
         Zr = pool.alloc((ST, MW, THREADS, 2), "uint32", align=128)
@@ -175,10 +171,10 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
         zv = T.alloc_local((MW, 2), "uint32")
         sp = T.alloc_local((MW, 2), "uint32")
         zp = T.alloc_local((MW, 2), "uint32")
-        desc = T.alloc_local((1,), "uint64")
+        desc = em.alloc_descriptor()
         # no zero-fill: the first chunk's first wgmma runs with scale-d false (D = A B). A fill would be movs that
         # read accumulator registers, and ptxas then serializes every wgmma (C7514)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]), Xs.ptr_to([0, 0, 0]), 1, 64, 3)
+        em.init_descriptor(desc, Xs, "B")
 
         @T.inline
         def issue(kt0):
@@ -233,7 +229,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
                     zp[mi, 1] = pair_of_column(zv[mi, 0], zv[mi, 1], g, 1)
                 # groups retire in order: this leaves only the MW - 1 groups issued after (kt - 1, mi) pending,
                 # so af[mi] is free; decoding overlaps the tensor cores' work on those groups
-                T.ptx.wgmma.wait_group.sync.aligned(MW - 1)
+                em.wait_group(MW - 1)
                 decode_chunk(wb, af, sp, zp, mi)
                 if mi == 0:
                     # every thread's chunk-kt pieces are visible, and every warp retired chunk kt - 2: refill its
@@ -241,13 +237,11 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
                     T.cuda.cta_sync()
                     issue(kt + ST - 2)
                     T.ptx["cp.async.commit_group"]()
-                T.ptx.wgmma.fence.sync.aligned()
-                for s in T.unroll(4):
-                    T.ptx[WGMMA](*[acc[mi, i] for i in range(BT // 2)],
-                                 af[mi, 4 * s], af[mi, 4 * s + 1], af[mi, 4 * s + 2], af[mi, 4 * s + 3],
-                                 desc[0] + T.Cast("uint64", st * STAGE_DESC + 2 * s), kt > 0 if s == 0 else True,
-                                 1, 1, 0)
-                T.ptx.wgmma.commit_group.sync.aligned()
+                em.fence()
+                for s in T.unroll(em.k_steps):
+                    em.mma([acc[mi, i] for i in range(em.local_size_c)], [af[mi, 4 * s + q] for q in range(4)],
+                           desc, s, stage=(st,), scale_d=kt > 0 if s == 0 else True)
+                em.commit_group()
 
         for s0 in T.unroll(ST - 2):
             if s0 < KT:
@@ -255,7 +249,7 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
             T.ptx["cp.async.commit_group"]()
         for kt in T.serial(KT):
             step(kt)
-        T.ptx.wgmma.wait_group.sync.aligned(0)
+        em.wait_group(0)
         # pin the accumulators after the wait (an asm mov of each, ordered after the wait's asm): nvcc does not
         # know the wait writes them and would hoist the epilogue's reads above it (ptxas then serializes every
         # wgmma of the kernel, C7514). TVM's wgmma noop_barrier takes its operand by value and pins nothing.
@@ -264,11 +258,11 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
                 T.ptx.mov.b32(acc[mi, i], acc[mi, i])
         T.ptx["cp.async.wait_group"](0)
         T.cuda.cta_sync()
-        # accumulator (mi, 4j + q) = C^T[weight row 16 w + row(q) of tile mi, activation row 8j + col(q)]
+        # accumulator (mi, i) = C^T[weight row m of tile mi, activation row n], (m, n) = accumulator_coords
         for mi in T.unroll(MW):
             for i in T.unroll(BT // 2):
-                rc = T.meta_var(C_MAP.forward(lane, i % 4, 0))
-                Cs[8 * (i // 4) + rc[1], (wg * MW + mi) * 64 + 16 * wi + rc[0]] = T.Cast(dtype, acc[mi, i])
+                rc = T.meta_var(em.accumulator_coords(wi * 32 + lane, i))
+                Cs[rc[1], (wg * MW + mi) * 64 + rc[0]] = T.Cast(dtype, acc[mi, i])
         T.cuda.cta_sync()
         for i in T.unroll((PIECES + THREADS - 1) // THREADS):
             q = T.meta_var(tid + i * THREADS)

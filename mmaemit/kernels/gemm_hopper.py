@@ -30,17 +30,19 @@ from dataclasses import dataclass
 from mmaemit import isa
 from mmaemit.arch import as_arch
 from mmaemit.dtypes import bits, canonical
+from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
+from mmaemit.layouts.wgmma import make_wgmma_layout
 from mmaemit.pipeline import MbarrierRing, PersistentTileScheduler, TmaTile, WarpgroupRoles, bulk_commit, bulk_wait
 
-#: input dtype -> (wgmma K, accumulator dtype, valid output dtypes)
+#: input dtype -> (accumulator dtype, valid output dtypes); the wgmma facts (K, legal N) come from isa.WGMMA_TABLE
 DTYPES = {
-    "float16": (16, "float32", ("float16", "bfloat16", "float32")),
-    "bfloat16": (16, "float32", ("bfloat16", "float16", "float32")),
-    "float8_e4m3fn": (32, "float32", ("bfloat16", "float16", "float32")),
-    "float8_e5m2": (32, "float32", ("bfloat16", "float16", "float32")),
-    "int8": (32, "int32", ("int32",)),
-    "uint8": (32, "int32", ("int32",)),
+    "float16": ("float32", ("float16", "bfloat16", "float32")),
+    "bfloat16": ("float32", ("bfloat16", "float16", "float32")),
+    "float8_e4m3fn": ("float32", ("bfloat16", "float16", "float32")),
+    "float8_e5m2": ("float32", ("bfloat16", "float16", "float32")),
+    "int8": ("int32", ("int32",)),
+    "uint8": ("int32", ("int32",)),
 }
 #: largest dynamic shared memory per block on sm_90 (227 KB)
 SMEM_LIMIT = 232448
@@ -79,12 +81,7 @@ def default_out_dtype(dtype) -> str:
     if dtype not in DTYPES:
         raise UnsupportedConfigError(f"input dtype {dtype!r} is not supported by the Hopper GEMM; valid: "
                                      f"{choices(DTYPES)}")
-    return dtype if bits(dtype) == 16 else DTYPES[dtype][2][0]
-
-
-def _ptx_token(dtype):
-    return {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "int8": "s8",
-            "uint8": "u8"}[dtype]
+    return dtype if bits(dtype) == 16 else DTYPES[dtype][1][0]
 
 
 def _num_sms(cfg):
@@ -116,6 +113,9 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     ``trans_a=False``: A is [M, K]; ``trans_b=True``: B is [N, K] (the only majors this kernel takes: both operands
     K-contiguous). ``out_dtype`` None: the input dtype for 16-bit inputs, bfloat16 for fp8, int32 for int8.
     ``scaled`` (fp8 only; default True for fp8): take the two per-tensor scales.
+    ``M=None``: a symbolic M (an int32 variable bound from A's shape at every call; the tensor maps of A and C are
+    encoded from the arguments' shapes at every launch): one compiled kernel for every M >= 1, on ``num_sms``
+    persistent CTAs (those without a tile return at once); needs ``cluster_m=1``.
     """
     from tvm.script import tirx as T
 
@@ -126,7 +126,7 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     if dtype not in DTYPES:
         raise UnsupportedConfigError(f"input dtype {dtype!r} is not supported by the Hopper GEMM; valid: "
                                      f"{choices(DTYPES)}")
-    wk, acc_dtype, outs = DTYPES[dtype]
+    acc_dtype, outs = DTYPES[dtype]
     out_dtype = canonical(out_dtype) if out_dtype is not None else default_out_dtype(dtype)
     if out_dtype not in outs:
         raise UnsupportedConfigError(f"{dtype} inputs give {choices(outs)} outputs, not {out_dtype!r}")
@@ -142,7 +142,7 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
         raise UnsupportedConfigError(f"scaled=True is for fp8 inputs; {dtype} has no per-tensor scales")
     cfg = config
     BN, NC, ST, EB = cfg.block_n, cfg.consumers, cfg.stages, cfg.epilogue_boxes
-    valid_n = isa_wgmma_n(dtype)
+    valid_n = isa_wgmma_n(dtype)                   # isa.WGMMA_TABLE's legal N
     # one wgmma per k step covers block_n columns, or two of block_n / 2 (int8 has no N above 224)
     NSPLIT = 1 if BN in valid_n else 2
     if BN % NSPLIT or BN // NSPLIT not in valid_n:
@@ -156,7 +156,14 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     if BN // 2 + 40 > cfg.consumer_regs:
         raise UnsupportedConfigError(f"block_n={BN} needs {BN // 2} accumulator registers per thread; "
                                      f"consumer_regs={cfg.consumer_regs} leaves too few for the rest")
-    if M < 1 or N < 1 or K < 1:
+    DYN = M is None
+    if DYN:
+        import tvm
+
+        if cfg.cluster_m != 1:
+            raise UnsupportedConfigError(f"a symbolic M (M=None) takes cluster_m=1, not {cfg.cluster_m}")
+        M = tvm.tirx.Var("m", "int32")
+    elif not isinstance(M, int) or M < 1 or N < 1 or K < 1:
         raise TileShapeError(f"M, N, K must be >= 1; got {M}, {N}, {K}")
     eb_in, eb_out = bits(dtype) // 8, bits(out_dtype) // 8
     BK = SPAN // eb_in
@@ -176,26 +183,29 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
         raise UnsupportedConfigError(f"cluster_m={CL}; valid: 1, 2")
     if BN % CL or (BN // CL) % 8:
         raise TileShapeError(f"block_n={BN} must split into {CL} multicast pieces of a multiple of 8 rows")
-    a_map_t = TmaTile((M, K), dtype, (BM, BK), SPAN)
-    b_map_t = TmaTile((N, K), dtype, (BN // CL, BK), SPAN, multicast=CL)
+    NI = BN // NSPLIT                              # N of one wgmma instruction
+    # the wgmma emitter owns the operand tiles: K-major, 128-byte swizzle, one K atom (BK = 128 bytes) per stage;
+    # the TMA boxes are built from the same layout objects (one source for the swizzle)
+    em = WgmmaIntrinEmitter(dtype, dtype, acc_dtype, NI, form="ss", block_m=BM, block_n=BN, block_k=BK,
+                            swizzle_bytes=SPAN, stages=(ST,), arch=arch)
+    a_map_t = TmaTile.for_layout((M, K), em.shared_layout("A"))
+    b_map_t = TmaTile.for_layout((N, K), make_wgmma_layout(BN // CL, BK, dtype, swizzle_bytes=SPAN), multicast=CL)
     c_map_t = TmaTile((M, N), out_dtype, (EPI_ROWS, OUT_COLS), SPAN)
-    GM = -(-M // BM)
-    GM = -(-GM // CL) * CL
     GN, KT = -(-N // BN), -(-K // BK)
     sms = _num_sms(cfg)
-    sched = PersistentTileScheduler(GM, GN, max(1, min(sms // CL, GM // CL * GN)), cfg.panel, CL)
+    if DYN:
+        GM = (M + (BM - 1)) // BM
+        sched = PersistentTileScheduler(GM, GN, sms, cfg.panel, 1)
+    else:
+        GM = -(-M // BM)
+        GM = -(-GM // CL) * CL
+        sched = PersistentTileScheduler(GM, GN, max(1, min(sms // CL, GM // CL * GN)), cfg.panel, CL)
     NW = sched.workers
     ring = MbarrierRing(ST, NC, CL)
     STAGE_BYTES = (BM + BN) * SPAN
     A_BYTES, B_BYTES = BM * SPAN, BN * SPAN
-    NACC = BN // 2
-    NI = BN // NSPLIT                              # N of one wgmma instruction
-    tok = _ptx_token(dtype)
-    if acc_dtype == "int32":
-        WG = f"wgmma.mma_async.sync.aligned.m64n{NI}k{wk}.s32.{tok}.{tok}"
-    else:
-        WG = f"wgmma.mma_async.sync.aligned.m64n{NI}k{wk}.f32.{tok}.{tok}"
-    acc_buf_dtype = "uint32" if acc_dtype == "int32" else "float32"
+    NACC = em.local_size_c                         # BN / 2 accumulator registers per thread
+    acc_buf_dtype = em.c_fragment_dtype
     NB8 = OUT_COLS // 8                            # n8 accumulator blocks per staging box
     ROUNDS = NBOX // EB                            # staging rounds per output row block
     if cfg.epilogue not in ("overlap", "after"):
@@ -203,11 +213,6 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     # overlap needs the packed tile in registers (16-bit outputs) and a K loop of at least ROUNDS blocks
     OVERLAP = cfg.epilogue == "overlap" and eb_out == 2 and KT >= ROUNDS
     out16 = eb_out == 2
-
-    def wgmma(acc, half, da, db, scale_d):
-        extra = [] if acc_dtype == "int32" else ([1, 1, 0, 0] if eb_in == 2 else [1, 1])
-        # instruction `half` covers accumulator columns [half * NI, (half + 1) * NI): registers [half * NI / 2, ...)
-        return T.ptx[WG](*[acc[half * (NI // 2) + i] for i in range(NI // 2)], da, db, scale_d, *extra)
 
     def cvt2(d, hi, lo):
         if out_dtype == "float16":
@@ -219,21 +224,18 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     def mma_block(acc, da, db, it, kt, c):
         s = T.meta_var(ring.stage(it))
         ring.consumer_wait(it)
-        T.ptx.wgmma.fence.sync.aligned()
-        for k in T.unroll(BK // wk):
-            for h in T.unroll(NSPLIT):
-                T.evaluate(wgmma(acc, h, da[0] + T.Cast("uint64", (s * A_BYTES + c * 64 * SPAN) // 16 + 2 * k),
-                                 db[0] + T.Cast("uint64", (s * B_BYTES + h * NI * SPAN) // 16 + 2 * k),
-                                 kt > 0 if k == 0 else True))
-        T.ptx.wgmma.commit_group.sync.aligned()
+        em.fence()
+        # BK / K steps x NSPLIT instructions; N tile h covers accumulator registers [h * NI / 2, (h + 1) * NI / 2)
+        em.mma_block(acc, da, db, stage=(s,), m0=c * 64, scale_d=kt > 0)
+        em.commit_group()
 
     @T.inline
     def retire(it, kt, tid):
         if cfg.in_flight == 0:
-            T.ptx.wgmma.wait_group.sync.aligned(0)
+            em.wait_group(0)
             ring.consumer_release(it, pred=tid == 0)
         else:
-            T.ptx.wgmma.wait_group.sync.aligned(1)
+            em.wait_group(1)
             ring.consumer_release(it + ST - 1, pred=T.And(tid == 0, kt > 0))
 
     def pack2(d, hi, lo, sc):
@@ -311,8 +313,8 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
         wg = T.warpgroup_id([roles.warpgroups])
         tid = T.thread_id_in_wg([128])
         pool = T.SMEMPool()
-        As = pool.alloc((ST, BM, BK), dtype, align=1024)
-        Bs = pool.alloc((ST, BN, BK), dtype, align=1024)
+        As = pool.alloc(em.a_shared_shape, dtype, align=em.a_layout.alignment)        # (ST, BM, BK)
+        Bs = pool.alloc(em.b_shared_shape, dtype, align=em.b_layout.alignment)        # (ST, BN, BK)
         Cs = pool.alloc((NC, EB, EPI_ROWS, OUT_COLS), out_dtype, align=1024)
         bars = ring.alloc(pool)  # noqa: F841
         pool.commit()
@@ -345,13 +347,13 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
             c = T.meta_var(roles.consumer_index(wg))
             acc = T.alloc_local((NACC,), acc_buf_dtype)
             pk = T.alloc_local((NACC // 2 if OVERLAP else 4,), "uint32")
-            da = T.alloc_local((1,), "uint64")
-            db = T.alloc_local((1,), "uint64")
+            da = em.alloc_descriptor()
+            db = em.alloc_descriptor()
             sc = T.alloc_local((1,), "float32")
             if scaled:
                 sc[0] = SA[0] * SB[0]
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(da[0]), As.ptr_to([0, 0, 0]), 1, 64, 3)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(db[0]), Bs.ptr_to([0, 0, 0]), 1, 64, 3)
+            em.init_descriptor(da, As, "A")
+            em.init_descriptor(db, Bs, "B")
             count = T.meta_var(sched.count(worker))
             for t in T.serial(count):
                 tm = T.meta_var(sched.tile(worker, t, rank)[0])
@@ -373,11 +375,10 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
                         mma_block(acc, da, db, t * KT + kt, kt, c)
                         retire(t * KT + kt, kt, tid)
                 if cfg.in_flight == 1:
-                    T.ptx.wgmma.wait_group.sync.aligned(0)
+                    em.wait_group(0)
                     ring.consumer_release(t * KT + KT - 1, pred=tid == 0)
                 # pin the accumulators after the last wait: nvcc does not know the wait writes them
-                for i in T.unroll(NACC):
-                    T.ptx.mov.b32(acc[i], acc[i])
+                em.pin_accumulators(acc)
                 if OVERLAP:
                     for j in T.unroll(BN // 8):
                         for h in T.unroll(2):
@@ -416,8 +417,7 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
 
 
 def isa_wgmma_n(dtype):
-    """Legal wgmma N for an input dtype (PTX ISA: 8..256 step 8 for 16-bit and fp8; s8/u8: 8, 16, 24, then steps of
-    16 up to 224)."""
-    if canonical(dtype) in ("int8", "uint8"):
-        return (8, 16, 24) + tuple(range(32, 225, 16))
-    return tuple(range(8, 257, 8))
+    """Legal wgmma N for an input dtype (``isa.WGMMA_TABLE``: 8..256 step 8 for 16-bit and fp8; s8/u8: 8, 16, 24,
+    then steps of 16 up to 224)."""
+    d = canonical(dtype)
+    return isa.select_wgmma(d, d, DTYPES[d][0] if d in DTYPES else "float32").n_values

@@ -27,9 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmaemit import TensorCoreIntrinEmitter, make_mma_swizzle_layout
+from mmaemit.arch import as_arch
 from mmaemit.dtypes import bits, canonical, is_float
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
-from mmaemit.layouts.raster import RASTER_ORDERS, raster_order
+from mmaemit.layouts.raster import L2_BYTES, RASTER_ORDERS, choose_raster, raster_order
 from mmaemit.pipeline.cp_async import CpAsyncTile, cp_async_commit, cp_async_wait
 
 LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False), "TT": (True, True)}
@@ -47,7 +48,8 @@ class GemmConfig:
     stages: int = 3
     epilogue: str = "shared"  # "shared" (stmatrix + coalesced stores) or "global" (vector stores from registers)
     panel: int = 8            # CTA rasterization: tile-rows per panel for L2 reuse (1 = row-major launch order)
-    raster: str = "panel"     # tile order (mmaemit.layouts.raster): "row", "panel", "serpentine" or "grouped"
+    raster: str = "auto"      # tile order (mmaemit.layouts.raster): "row", "panel", "serpentine", "grouped", or
+                              # "auto": row-major while one wave's operand panels fit in L2, else panel (measured)
     persistent: int = 0       # 0: one CTA per C tile; P > 0: min(P, tiles) CTAs, CTA c computes tiles c, c + P, ...
     n_tile: int = None        # mma micro tile width: 8 or 16 (None: the emitter's choice)
     reduce_k: int = 1         # warp groups splitting block_k (their partial sums are reduced through shared memory)
@@ -82,8 +84,9 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
         raise UnsupportedConfigError(f"stages must be >= 2, not {cfg.stages}")
     if cfg.epilogue not in ("shared", "global"):
         raise UnsupportedConfigError(f"epilogue must be one of {choices(['shared', 'global'])}")
-    if cfg.raster not in RASTER_ORDERS:
-        raise UnsupportedConfigError(f"raster must be one of {choices(RASTER_ORDERS)}, not {cfg.raster!r}")
+    if cfg.raster not in RASTER_ORDERS + ("auto",):
+        raise UnsupportedConfigError(f"raster must be one of {choices(RASTER_ORDERS + ('auto',))}, not "
+                                     f"{cfg.raster!r}")
     if not isinstance(cfg.persistent, int) or cfg.persistent < 0:
         raise UnsupportedConfigError(f"persistent must be 0 (one CTA per tile) or a positive CTA count, not "
                                      f"{cfg.persistent!r}")
@@ -114,7 +117,14 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
     scratch_shape = em.reduce_scratch_shape if REDUCE else (1,)
     GM, GN = M // BM, N // BN
     TILES = GM * GN
-    order = raster_order(cfg.raster, GM, GN, cfg.panel)
+    raster, panel = cfg.raster, cfg.panel
+    if raster == "auto":
+        # one wave = (SMs x 1 CTA) consecutive tiles; the rule and its measurement: mmaemit.layouts.raster
+        sm_major = as_arch(arch or "sm_90a").number // 10
+        wave = min(cfg.persistent, TILES) if cfg.persistent else (132 if sm_major >= 9 else 108)
+        raster, panel = choose_raster(GM, GN, BM, BN, K, wave, L2_BYTES.get(sm_major, L2_BYTES[9]),
+                                      bits(dtype) / 8, bits(b_dtype) / 8, cfg.panel)
+    order = raster_order(raster, GM, GN, panel)
     CTAS = min(cfg.persistent, TILES) if cfg.persistent else TILES
     ROUNDS = -(-TILES // CTAS)
 

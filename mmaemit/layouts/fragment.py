@@ -129,11 +129,27 @@ def _fragment(instr: isa.MmaInstr, operand: str) -> FragmentLayout:
     return FragmentLayout(name, "C", instr.m, instr.n, _dt.bits(instr.accum_dtype), instr.c_regs)
 
 
-def mma_fragment(instr: isa.MmaInstr, operand: str) -> FragmentLayout:
-    """The fragment map of ``operand`` ("A" (m, k), "B" (k, n), "C" (m, n); "D" = "C") of a ``MMA_TABLE`` entry."""
-    if not isinstance(instr, isa.MmaInstr) or instr not in isa.MMA_TABLE:
-        raise UnsupportedConfigError(
-            f"{instr!r} is not an entry of mmaemit.isa.MMA_TABLE; valid: {choices(e.ptx() for e in isa.MMA_TABLE)}")
+def _table_entry(instr) -> isa.MmaInstr:
+    """``instr`` as an ``MMA_TABLE`` entry: the entry itself, or its exact PTX name (with or without .satfinite)."""
+    if isinstance(instr, isa.MmaInstr) and instr in isa.MMA_TABLE:
+        return instr
+    if isinstance(instr, str):
+        name = instr.strip()
+        for e in isa.MMA_TABLE:
+            if name == e.ptx() or (e.is_integer and name == e.ptx(True)):
+                return e
+    raise UnsupportedConfigError(
+        f"{instr!r} is neither an entry of mmaemit.isa.MMA_TABLE nor the PTX name of one; valid PTX names: "
+        f"{choices(e.ptx() for e in isa.MMA_TABLE)} (integer ones also with .satfinite after .row.col)")
+
+
+def mma_fragment(instr, operand: str) -> FragmentLayout:
+    """The fragment map of ``operand`` ("A" (m, k), "B" (k, n), "C" (m, n); "D" = "C") of an mma.sync.
+
+    ``instr``: an ``isa.MMA_TABLE`` entry (``isa.select_mma(...)``, ``emitter.instruction``) or its PTX name, e.g.
+    ``"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"``.
+    """
+    instr = _table_entry(instr)
     op = operand.upper() if isinstance(operand, str) else operand
     if op == "D":
         op = "C"

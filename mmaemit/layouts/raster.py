@@ -26,13 +26,29 @@ import numpy as np
 from ..errors import LayoutError, TileShapeError, UnsupportedConfigError, choices
 
 __all__ = ["RASTER_ORDERS", "RasterOrder", "RowMajorRaster", "PanelRaster", "GroupedRaster", "raster_order",
-           "panel_swizzle"]
+           "panel_swizzle", "wave_footprint_bytes", "choose_raster", "L2_BYTES"]
+
+# L2 capacity by SM major version (bytes): A100 40 MB, H100 50 MB. Used by choose_raster's default rule.
+L2_BYTES = {8: 40_000_000, 9: 50_000_000}
 
 RASTER_ORDERS = ("row", "panel", "serpentine", "grouped")
 
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer))
+
+
+def _is_expr(x) -> bool:
+    """A TIR integer expression (a symbolic grid extent), not a Python int."""
+    return not _is_int(x) and type(x).__module__.startswith("tvm")
+
+
+def _min(a, b):
+    if _is_int(a) and _is_int(b):
+        return min(a, b)
+    from tvm.script import tirx as T
+
+    return T.min(a, b)
 
 
 def _select(cond, a, b):
@@ -49,9 +65,16 @@ class RasterOrder:
     name = "?"
 
     def __init__(self, grid_m: int, grid_n: int):
+        if self.symbolic_m and _is_expr(grid_m) and _is_int(grid_n) and grid_n >= 1:
+            self.grid_m, self.grid_n = grid_m, int(grid_n)     # a symbolic tile-row count (dynamic M)
+            return
         if not (_is_int(grid_m) and _is_int(grid_n)) or grid_m < 1 or grid_n < 1:
-            raise TileShapeError(f"grid_m and grid_n must be positive ints (got {grid_m!r}, {grid_n!r})")
+            raise TileShapeError(f"grid_m and grid_n must be positive ints (got {grid_m!r}, {grid_n!r})"
+                                 + ("" if not self.symbolic_m else "; grid_m may also be a TIR expression"))
         self.grid_m, self.grid_n = int(grid_m), int(grid_n)
+
+    #: whether ``forward`` takes a symbolic ``grid_m`` (a TIR expression: dynamic M)
+    symbolic_m = False
 
     @property
     def size(self) -> int:
@@ -136,7 +159,11 @@ class PanelRaster(RasterOrder):
     def __repr__(self):
         return f"PanelRaster({self.grid_m}x{self.grid_n}, panel={self.panel}{', serpentine' if self.serpentine else ''})"
 
+    symbolic_m = True
+
     def forward(self, pid):
+        if _is_expr(self.grid_m):
+            return self._forward_symbolic(pid)
         self._check_pid(pid)
         p = min(self.panel, self.grid_m)
         gn = self.grid_n
@@ -149,6 +176,22 @@ class PanelRaster(RasterOrder):
         col = local // rows
         if self.serpentine:
             col = _select(index % 2 == 1, gn - 1 - col, col)
+        return first_m + local % rows, col
+
+    def _forward_symbolic(self, pid):
+        # the same order with grid_m a TIR expression: the panel height and the last panel's rows are run-time values
+        from tvm.script import tirx as T
+
+        p = _min(self.panel, self.grid_m)
+        gn = self.grid_n
+        index = pid // (p * gn)
+        first_m = index * p
+        last = self.grid_m - (self.grid_m // p) * p
+        rows = T.Select(T.And(last != 0, first_m + p > self.grid_m), last, p)
+        local = pid % (p * gn)
+        col = local // rows
+        if self.serpentine:
+            col = T.Select(index % 2 == 1, gn - 1 - col, col)
         return first_m + local % rows, col
 
     def inverse(self, tile_m, tile_n):
@@ -218,6 +261,35 @@ def panel_swizzle(pid, grid_m: int, grid_n: int, panel: int = 8):
     Tile rows are taken ``panel`` at a time (the last panel may be shorter); inside a panel, consecutive ids go down
     the panel's rows first, then to the next tile column. ``panel=1`` is the plain row-major order.
     """
+    if _is_expr(grid_m) and _is_int(panel) and panel >= 1:
+        return PanelRaster(grid_m, grid_n, panel).forward(pid)
     if not _is_int(panel) or panel < 1 or grid_m < 1 or grid_n < 1:
         raise TileShapeError(f"panel, grid_m and grid_n must be positive (got {panel}, {grid_m}, {grid_n})")
     return PanelRaster(grid_m, grid_n, panel).forward(pid)
+
+
+def wave_footprint_bytes(order: RasterOrder, wave: int, block_m: int, block_n: int, K: int, a_bytes: float = 2,
+                         b_bytes: float = 2) -> int:
+    """The largest number of distinct operand bytes (A panels ``block_m x K`` plus B panels ``K x block_n``) that
+    one wave of ``wave`` consecutive tile ids of ``order`` touches: what L2 must hold for those panels to be read from
+    DRAM once per wave."""
+    if wave < 1:
+        raise TileShapeError(f"wave must be >= 1, not {wave}")
+    worst = 0
+    for s in range(0, order.size, wave):
+        tiles = [order.forward(p) for p in range(s, min(order.size, s + wave))]
+        rows = len({t[0] for t in tiles})
+        cols = len({t[1] for t in tiles})
+        worst = max(worst, int(rows * block_m * K * a_bytes + cols * block_n * K * b_bytes))
+    return worst
+
+
+def choose_raster(grid_m: int, grid_n: int, block_m: int, block_n: int, K: int, wave: int, l2_bytes: int,
+                  a_bytes: float = 2, b_bytes: float = 2, panel: int = 8) -> tuple:
+    """The default tile order, ``(kind, panel)``, by the rule the H100 rasterization study measured
+    (docs/perf-notes.md, BENCHMARKS.md): row-major while one wave's panels fit in L2 (row-major was fastest there,
+    panel 8 lost 7-19 %), ``"panel"`` with ``panel`` rows once they do not (panel 8 won by 4-12 %)."""
+    row = RowMajorRaster(grid_m, grid_n)
+    if wave_footprint_bytes(row, wave, block_m, block_n, K, a_bytes, b_bytes) <= l2_bytes:
+        return "row", 1
+    return "panel", panel

@@ -26,6 +26,13 @@ class PersistentTileScheduler:
     cluster_m: int = 1
 
     def __post_init__(self):
+        if not isinstance(self.grid_m, int):       # a symbolic tile-row count (dynamic M): a fixed worker count
+            if self.cluster_m != 1 or not isinstance(self.workers, int) or self.workers < 1 or self.grid_n < 1:
+                raise TileShapeError(f"a symbolic grid_m ({self.grid_m}) takes cluster_m=1 and positive int workers "
+                                     f"and grid_n (got {self.cluster_m}, {self.workers}, {self.grid_n})")
+            if self.panel < 1:
+                raise UnsupportedConfigError(f"panel={self.panel} must be >= 1")
+            return
         if self.grid_m < 1 or self.grid_n < 1 or self.workers < 1:
             raise TileShapeError(f"grid {self.grid_m} x {self.grid_n} over {self.workers} workers: all must be >= 1")
         if self.cluster_m < 1 or self.grid_m % self.cluster_m:

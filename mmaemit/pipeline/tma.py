@@ -47,6 +47,10 @@ _TMA_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "in
                "float8_e5m2")
 
 
+def _symbolic(d) -> bool:
+    return type(d).__module__.startswith("tvm") and type(d).__name__ != "IntImm"
+
+
 @dataclass(frozen=True)
 class TmaTile:
     """One TMA tensor map: ``global_shape`` / ``box`` are outermost-first element counts (``box`` has one entry per
@@ -66,7 +70,11 @@ class TmaTile:
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", _dt.canonical(self.dtype))
-        object.__setattr__(self, "global_shape", tuple(int(d) for d in self.global_shape))
+        # the outermost dimension may be a TIR expression (a symbolic row count, e.g. a dynamic M): the host code
+        # encodes the map from the argument's shape at every launch
+        dims = tuple(self.global_shape)
+        object.__setattr__(self, "global_shape", tuple(d if i == 0 and _symbolic(d) else int(d)
+                                                       for i, d in enumerate(dims)))
         object.__setattr__(self, "box", tuple(int(b) for b in self.box))
         self._validate()
 
@@ -137,6 +145,8 @@ class TmaTile:
         if len(self.box) != r:
             raise TileShapeError(f"box {self.box} needs one extent per global dimension ({r})")
         for d in self.global_shape:
+            if _symbolic(d):
+                continue
             if not 1 <= d <= 2 ** 32:
                 raise TileShapeError(f"global dimension {d} of {self.global_shape} is outside [1, 2^32]")
         inner_bytes = self.global_shape[-1] * self.elem_bytes
@@ -179,8 +189,11 @@ class TmaTile:
         from tvm.script import tirx as T
         from tvm.tirx.script.builder import ir as IRB
 
-        shape = [int(d) for d in buffer.shape]
-        if tuple(shape) != self.global_shape or _dt.canonical(str(buffer.dtype)) != self.dtype:
+        shape = [d if _symbolic(d) else int(d) for d in buffer.shape]
+        same = len(shape) == self.rank and all(
+            (a.same_as(b) if _symbolic(a) and _symbolic(b) else (not _symbolic(a) and not _symbolic(b) and a == b))
+            for a, b in zip(shape, self.global_shape))
+        if not same or _dt.canonical(str(buffer.dtype)) != self.dtype:
             raise TileShapeError(f"buffer {buffer.name} is {shape} {buffer.dtype}; this tensor map describes "
                                  f"{list(self.global_shape)} {self.dtype}")
         tmap = IRB.Bind(T.tvm_stack_alloca("tensormap", 1), T.TensorMap)

@@ -38,8 +38,8 @@ from .mbarrier import MBarrier, MbarrierStateError
 from .tma import (TMA_DTYPES, TMA_SWIZZLE_BYTES, TensorMap, box_chunk_origins, box_element_offsets,
                   box_smem_addresses, encode_tiled, gather_box, scatter_box)
 from .wgmma import (SWIZZLE_BYTES, WGMMA_K, WGMMA_M, MatrixDescriptor, decode_matrix_descriptor,
-                    encode_matrix_descriptor, kmajor_chunk_addresses, swizzle_address, wgmma_a_coords,
-                    wgmma_d_coords, wgmma_mma)
+                    encode_matrix_descriptor, kmajor_chunk_addresses, mnmajor_chunk_addresses, swizzle_address,
+                    wgmma_a_coords, wgmma_d_coords, wgmma_mma)
 
 __all__ = [
     "UINT_OF_SIZE", "uint_type", "sint_type", "u32", "split_b32", "pack_b32", "half_values",
@@ -50,7 +50,8 @@ __all__ = [
     "MMA_ELEMENT_BITS", "mma_a_coords", "mma_b_coords", "mma_c_coords", "unpack_elements", "mma_sync",
     "ldmatrix", "stmatrix", "shfl",
     "MatrixDescriptor", "decode_matrix_descriptor", "encode_matrix_descriptor", "SWIZZLE_BYTES", "swizzle_address",
-    "kmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma", "WGMMA_M", "WGMMA_K",
+    "kmajor_chunk_addresses", "mnmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma",
+    "WGMMA_M", "WGMMA_K",
     "TMA_DTYPES", "TMA_SWIZZLE_BYTES", "TensorMap", "encode_tiled", "box_element_offsets", "box_smem_addresses",
     "gather_box", "scatter_box", "box_chunk_origins",
     "MBarrier", "MbarrierStateError", "MBARRIER_MAX_COUNT",

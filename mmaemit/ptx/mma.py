@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 from .. import isa
-from ..layouts import mma_fragment
+from ..layouts.fragment import mma_fragment
 from .bits import half_values, pack_b32, split_b32
 from .floating import decode_f8
 from .rounding import round_f64

@@ -36,7 +36,7 @@ from .mma import mma_a_coords, mma_c_coords
 from .rounding import round_f64
 
 __all__ = ["MatrixDescriptor", "decode_matrix_descriptor", "encode_matrix_descriptor", "SWIZZLE_BYTES",
-           "swizzle_address", "kmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma",
+           "swizzle_address", "kmajor_chunk_addresses", "mnmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma",
            "element_values", "WGMMA_M", "WGMMA_K", "WGMMA_K_OF", "WGMMA_ELEMENT_BITS"]
 
 WGMMA_M = 64
@@ -121,6 +121,25 @@ def kmajor_chunk_addresses(desc: MatrixDescriptor, rows: int, chunks: int = 2):
         raise LayoutError(f"{16 * chunks} bytes of K per row do not fit a {w}-byte swizzle row; valid: "
                           f"chunks <= {w // 16}")
     return swizzle_address(desc.start + w * (r % 8) + desc.sbo * (r // 8) + 16 * j, w)
+
+
+def mnmajor_chunk_addresses(desc: MatrixDescriptor, k_rows: int, mn_chunks: int):
+    """(k_rows, mn_chunks) absolute shared byte addresses of the 16-byte MN chunks of each K row of an MN-major
+    operand (``imm-trans`` = 1; f16 / bf16 only).
+
+    Chunk ``c`` of K row ``k`` holds the 16 bytes of MN elements [c T, c T + T) at that k (T = 16 bytes / element
+    size). Canonical MN-major layouts (PTX ISA 9.7.15.5.1.2.1.3, in 16-byte units): no swizzle
+    ``((1,m),(8,k)):((1,SBO),(1,LBO))``: chunk c at ``start + SBO c``, K row k at ``+ 16 (k % 8) + LBO (k // 8)``;
+    W-byte swizzle ``((W/16,m),(8,k)):((1,LBO),(W/16,SBO))``: chunk c at ``start + 16 (c % (W/16)) + LBO (c // (W/16))``,
+    K row k at ``+ W (k % 8) + SBO (k // 8)``, then the address is swizzled.
+    """
+    k = np.arange(k_rows, dtype=np.int64)[:, None]
+    c = np.arange(mn_chunks, dtype=np.int64)[None, :]
+    w = desc.swizzle_bytes
+    if w == 0:
+        return desc.start + desc.sbo * c + 16 * (k % 8) + desc.lbo * (k // 8)
+    per = w // 16
+    return swizzle_address(desc.start + 16 * (c % per) + desc.lbo * (c // per) + w * (k % 8) + desc.sbo * (k // 8), w)
 
 
 #: K of one ``.m64nNkK`` instruction per A / B element type

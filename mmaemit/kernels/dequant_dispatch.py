@@ -1,0 +1,222 @@
+"""Dynamic-M dequant GEMM: one object per weight shape, a few kernels compiled once, every M served without compiling.
+
+``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call):
+
+=============  ===========================  ====================================================================
+path           M range (defaults)           kernel
+=============  ===========================  ====================================================================
+``gemv8``      1 .. 8                       :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
+``gemv16``     9 .. 16                      the same with ``m_max=16`` (two A rows per lane)
+``tiled64``    17 .. 64                     :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
+``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles
+``dense``      ``large_m`` .. (sm_90a)      :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into a
+                                            fp16 / bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
+                                            (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``)
+=============  ===========================  ====================================================================
+
+``large_m`` (default :data:`LARGE_M`, from the H100 measurement in ``docs/perf-notes.md``) is where the two-kernel
+path starts; without sm_90a the tiled path serves every M above 16. Paths whose tiles do not divide N / K drop out
+(the next path up takes their range). ``warmup()`` compiles every path; after it a call only checks the arguments and
+launches (no compile, no host synchronisation, outputs and the scratch from torch's caching allocator), so the calls
+can be captured in a CUDA graph. With ``interpret=True`` (or ``MMAEMIT_INTERPRET=1``) the same PrimFuncs run on the
+CPU interpreter instead (tests).
+"""
+from __future__ import annotations
+
+import os
+
+from mmaemit.dtypes import canonical
+from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError, choices
+
+from .dequant_dense import DenseConfig, make_dequant_to_dense
+from .dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
+from .dequant_parts import check_scheme
+from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
+
+__all__ = ["DequantGemm", "LARGE_M", "PATHS"]
+
+#: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a
+LARGE_M = 128
+#: path names, smallest M first
+PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense")
+_DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
+             "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig()}
+
+
+def _interpret_default() -> bool:
+    return os.environ.get("MMAEMIT_INTERPRET", "") not in ("", "0")
+
+
+class DequantGemm:
+    """``C = A @ dequant(W)^T`` for any M with kernels built once (see the module doc).
+
+    ``N, K, group_size, dtype, weight_format, zeros_mode``: as :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm`
+    (W / S / Z in the kernel layout, ``mmaemit.dequant.kernel_layout.kernel_arguments``). ``arch``: None = the
+    visible GPU's (sm_90a rules without one when ``interpret``, else sm_80 rules). ``large_m``: first M of the
+    ``dense`` path (sm_90a only; None = :data:`LARGE_M`). ``configs``: per-path config overrides, keys from
+    :data:`PATHS` plus ``"hopper"`` (the GEMM of the dense path). ``interpret``: run on the CPU interpreter.
+    """
+
+    def __init__(self, N, K, group_size=128, dtype="float16", weight_format="int4", zeros_mode=None, arch=None, *,
+                 large_m=None, configs=None, interpret=None):
+        from mmaemit.arch import as_arch, device_arch
+        from mmaemit.errors import ArchError
+
+        self.interpret = _interpret_default() if interpret is None else bool(interpret)
+        if arch is None:
+            try:
+                arch = device_arch().name
+            except ArchError:
+                arch = "sm_90a" if self.interpret else "sm_80"
+        self.arch = as_arch(arch).name
+        self.N, self.K = int(N), int(K)
+        self.dtype = canonical(dtype)
+        if self.dtype not in ("float16", "bfloat16"):
+            raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}, "
+                                         f"not {self.dtype!r}")
+        self.group_size = self.K if group_size in (None, -1) else int(group_size)
+        if self.group_size <= 0 or self.K % self.group_size or self.group_size % 64:
+            raise TileShapeError(f"group_size={group_size} must divide K={K} and be a multiple of 64 (or -1)")
+        check_scheme(weight_format, zeros_mode)
+        self.weight_format, self.zeros_mode = weight_format, zeros_mode
+        unknown = set(configs or {}) - set(PATHS) - {"hopper"}
+        if unknown:
+            raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + ('hopper',))}, not "
+                                         f"{sorted(unknown)}")
+        self.configs = dict(_DEFAULTS, **(configs or {}))
+        hopper = self.arch == "sm_90a"
+        self.large_m = (LARGE_M if large_m is None else int(large_m)) if hopper else None
+        self.ranges = self._plan()
+        self._funcs: dict = {}
+        self._kernels: dict = {}
+
+    # ------------------------------------------------------------------------------------------------ planning
+    def _fits(self, path) -> bool:
+        N, K, cfg = self.N, self.K, self.configs[path]
+        if path.startswith("gemv"):
+            return N % (16 * cfg.n_blocks) == 0 and K % (64 * cfg.k_slices * 2) == 0
+        if path.startswith("tiled"):
+            return N % cfg.block_n == 0
+        return True
+
+    def _plan(self):
+        """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path
+        whose tiles do not fit N / K drops out and the path below it extends over its range."""
+        start = {"gemv8": 1, "gemv16": 9, "tiled64": 17, "tiled128": 65, "dense": self.large_m}
+        paths = [p for p in PATHS if start[p] is not None and self._fits(p)]
+        if self.large_m is not None:
+            paths = [p for p in paths if p == "dense" or start[p] < self.large_m]
+        if not any(p.startswith("tiled") or p == "dense" for p in paths):
+            raise TileShapeError(f"no dequant path serves M > 16 for N={self.N}, K={self.K}: the tiled path needs "
+                                 f"N a multiple of block_n ({self.configs['tiled64'].block_n} or "
+                                 f"{self.configs['tiled128'].block_n})")
+        if paths[-1].startswith("gemv"):
+            raise TileShapeError(f"no dequant path serves M > 16 for N={self.N}, K={self.K}")
+        out = []
+        for i, p in enumerate(paths):
+            lo = 1 if i == 0 else start[p]
+            hi = start[paths[i + 1]] - 1 if i + 1 < len(paths) else None
+            out.append((p, lo, hi))
+        return out
+
+    def path_for(self, M: int) -> str:
+        """The path that serves ``M`` rows."""
+        if M < 1:
+            raise ArgumentError(f"M must be >= 1, got {M}")
+        for path, lo, hi in self.ranges:
+            if lo <= M and (hi is None or M <= hi):
+                return path
+        raise AssertionError(f"no path for M={M}: {self.ranges}")
+
+    # ------------------------------------------------------------------------------------------------ building
+    def _build(self, path):
+        kw = dict(weight_format=self.weight_format, zeros_mode=self.zeros_mode)
+        N, K, G, dt, arch = self.N, self.K, self.group_size, self.dtype, self.arch
+        cfg = self.configs[path]
+        if path.startswith("gemv"):
+            return (make_dequant_gemv(None, N, K, G, dt, cfg, arch, m_max=8 if path == "gemv8" else 16, **kw)[0],)
+        if path.startswith("tiled"):
+            return (make_dequant_gemm_tiled(None, N, K, G, dt, cfg, arch, **kw)[0],)
+        dense = make_dequant_to_dense(N, K, G, dt, cfg, arch, **kw)
+        gemm = make_gemm_hopper(None, N, K, dt, config=self.configs["hopper"], arch=arch)[0]
+        return dense, gemm
+
+    def funcs(self, path):
+        """The PrimFunc(s) of a path (built once)."""
+        if path not in self._funcs:
+            self._funcs[path] = self._build(path)
+        return self._funcs[path]
+
+    def kernels(self, path):
+        """The compiled kernel(s) of a path (compiled once)."""
+        if path not in self._kernels:
+            import mmaemit
+
+            self._kernels[path] = tuple(mmaemit.compile(f, target=self.arch) for f in self.funcs(path))
+        return self._kernels[path]
+
+    def warmup(self):
+        """Build (and, off the interpreter, compile) every path now; returns self."""
+        for path, _, _ in self.ranges:
+            self.funcs(path) if self.interpret else self.kernels(path)
+        return self
+
+    # ------------------------------------------------------------------------------------------------ calling
+    def __call__(self, A, W, S, Z=None, out=None):
+        """C [M, N] = A [M, K] @ dequant(W)^T (``out``: an [M, N] tensor of A's dtype to write, else allocated)."""
+        import torch
+
+        if (Z is None) != (self.zeros_mode is None):
+            raise ArgumentError(f"zeros_mode={self.zeros_mode!r}: Z must be {'given' if self.zeros_mode else 'None'}")
+        if not isinstance(A, torch.Tensor) or A.dim() != 2 or A.shape[1] != self.K:
+            raise ArgumentError(f"A must be a 2-D [M, {self.K}] tensor, got "
+                                f"{tuple(A.shape) if isinstance(A, torch.Tensor) else type(A).__name__}")
+        M = A.shape[0]
+        if out is None:
+            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+        if M == 0:
+            return out
+        return self.run_path(self.path_for(M), A, W, S, Z, out=out)
+
+    def run_path(self, path, A, W, S, Z=None, out=None):
+        """Run one named path (any path serves any M >= 1, except the GEMVs: M <= 8 / 16), e.g. to time the
+        paths against each other; ``__call__`` picks by M."""
+        import torch
+
+        if path not in [r[0] for r in self.ranges]:
+            raise UnsupportedConfigError(f"path {path!r} is not one of this problem's {choices(r[0] for r in self.ranges)}")
+        M = A.shape[0]
+        if path.startswith("gemv") and M > (8 if path == "gemv8" else 16):
+            raise ArgumentError(f"path {path} serves M <= {8 if path == 'gemv8' else 16}, not M={M}")
+        if out is None:
+            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+        weights = (W, S) if Z is None else (W, S, Z)
+        if self.interpret:
+            from mmaemit.interpret import interpret as run
+
+            funcs = self.funcs(path)
+            if path == "dense":
+                scratch = torch.empty((self.N, self.K), dtype=A.dtype, device=A.device)
+                self._check(run(funcs[0], *weights, scratch, arch=self.arch))
+                self._check(run(funcs[1], A, scratch, out, arch=self.arch))
+            else:
+                self._check(run(funcs[0], A, *weights, out, arch=self.arch))
+            return out
+        kernels = self.kernels(path)
+        if path == "dense":
+            scratch = torch.empty((self.N, self.K), dtype=A.dtype, device=A.device)
+            kernels[0](*weights, scratch)
+            kernels[1](A, scratch, out)
+        else:
+            kernels[0](A, *weights, out)
+        return out
+
+    @staticmethod
+    def _check(report):
+        if not report.ok:
+            raise RuntimeError(f"the interpreter reported a problem: {report.summary()}")
+
+    def __repr__(self):
+        spans = ", ".join(f"{p} {lo}..{'' if hi is None else hi}" for p, lo, hi in self.ranges)
+        return (f"DequantGemm(N={self.N}, K={self.K}, {self.weight_format} g{self.group_size}, {self.dtype}, "
+                f"{self.arch}: {spans})")

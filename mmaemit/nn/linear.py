@@ -1,0 +1,259 @@
+"""``QuantLinear``: a weight-only quantized ``nn.Linear`` on the dequant GEMM (:mod:`mmaemit.nn.ops`).
+
+Made from an fp16 / bf16 ``nn.Linear`` (``from_linear``, quantized by :func:`mmaemit.dequant.quantize`), a
+:class:`~mmaemit.dequant.QuantizedWeight` (``from_quantized``), or a GPTQ / AWQ checkpoint read with the
+``safetensors`` package (``from_gptq_safetensors``, ``from_awq_safetensors``; a file path or an already loaded
+``{name: tensor}`` dict). The weight is repacked once, at load, into the kernel layout on the target device; GPTQ
+act-order weights (a ``g_idx`` that is not ``k // group_size``) are permuted along K at load so the groups are
+contiguous, and the layer permutes the activations' K axis the same way (one ``index_select`` per call).
+
+``forward(x)``: x [..., K] in the layer's dtype (float16 or bfloat16), any leading dims; y [..., N] (+ bias).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mmaemit.dequant import (QuantizedWeight, QuantScheme, act_order_permutation, from_awq, from_gptq, quantize,
+                             unpack_zeros)
+from mmaemit.dequant.kernel_layout import KERNEL_FORMATS, to_kernel_layout, to_kernel_scales
+from mmaemit.dequant.packing import pack, unpack
+from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError, choices
+
+from . import ops
+
+__all__ = ["QuantLinear"]
+
+_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _checkpoint(path_or_dict):
+    if isinstance(path_or_dict, dict):
+        return path_or_dict
+    from safetensors.torch import load_file
+
+    return load_file(str(path_or_dict))
+
+
+def _tensor(ckpt, prefix, name, dtypes, ndim):
+    key = f"{prefix}.{name}" if prefix else name
+    if key not in ckpt:
+        near = sorted(k for k in ckpt if k.startswith(prefix))[:8] if prefix else sorted(ckpt)[:8]
+        raise ArgumentError(f"checkpoint has no tensor {key!r} (tensors under {prefix!r}: {near})")
+    t = ckpt[key]
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{key!r} must be a torch tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise ArgumentError(f"{key!r} must have dtype {choices(str(d).replace('torch.', '') for d in dtypes)}, "
+                            f"got {str(t.dtype).replace('torch.', '')}")
+    if t.dim() != ndim:
+        raise ArgumentError(f"{key!r} must be {ndim}-D, got shape {list(t.shape)}")
+    return key, t
+
+
+def _shape(key, t, want):
+    if list(t.shape) != list(want):
+        raise ArgumentError(f"{key!r} has shape {list(t.shape)}, expected {list(want)}")
+
+
+def _group(key_scales, groups, K, group_size):
+    """The group size: from the scales' rows, checked against ``group_size`` when given."""
+    if group_size is None:
+        if groups < 1 or K % groups:
+            raise TileShapeError(f"{key_scales!r} has {groups} groups, which do not divide K={K}")
+        return K // groups
+    g = K if group_size == -1 else group_size
+    if not isinstance(g, int) or g <= 0 or K % g:
+        raise TileShapeError(f"group_size={group_size} does not divide K={K} (K from the packed weight)")
+    if K // g != groups:
+        raise TileShapeError(f"{key_scales!r} has {groups} groups but K={K} / group_size={g} = {K // g}")
+    return g
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ dequant(W)^T + bias`` with the weight in the dequant kernels' layout (see the module doc).
+
+    Buffers: ``qweight`` int32 [N/16, K/64, 32, b], ``scales`` [N/16, K/G, 4, 4] (layer dtype), ``zeros`` (zero
+    points, or None), ``bias`` [N] (or None), ``perm`` int64 [K] (act-order, or None)."""
+
+    def __init__(self, in_features: int, out_features: int, *, group_size: int, weight_format: str,
+                 zeros_mode=None, dtype=torch.float16):
+        super().__init__()
+        if dtype not in _DTYPES:
+            raise UnsupportedConfigError(f"dtype must be one of {choices(_DTYPES.values())}, not {dtype}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.group_size, self.weight_format, self.zeros_mode = int(group_size), weight_format, zeros_mode
+        self.dtype = dtype
+        for name in ("qweight", "scales", "zeros", "bias", "perm"):
+            self.register_buffer(name, None)
+
+    # -------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_quantized(cls, qw: QuantizedWeight, bias=None, *, dtype=torch.float16, device=None) -> "QuantLinear":
+        """Repack a QuantizedWeight [N, K] (act-order allowed) once into the kernel layout on ``device``."""
+        if dtype not in _DTYPES:
+            raise UnsupportedConfigError(f"dtype must be one of {choices(_DTYPES.values())}, not {dtype}")
+        N, K = qw.shape
+        scheme = qw.scheme
+        if scheme.group_size is None:
+            raise UnsupportedConfigError("QuantLinear needs scaled weights (group_size -1 or a group size)")
+        G = K if scheme.group_size in (-1, K) else scheme.group_size
+        if N % 16 or K % 64 or G % 64:
+            raise TileShapeError(f"the dequant kernels need N % 16 == 0, K % 64 == 0 and a group size that is a "
+                                 f"multiple of 64 (or -1); got N={N}, K={K}, group_size={scheme.group_size}")
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        perm = None
+        if qw.g_idx is not None:
+            g_idx = torch.as_tensor(qw.g_idx).to(torch.int64).cpu()
+            if not torch.equal(g_idx, torch.arange(K) // G):
+                perm = act_order_permutation(g_idx, G)
+            codes = unpack(torch.as_tensor(qw.packed), scheme.bits, axis=-1)
+            if perm is not None:
+                codes = codes[:, perm.to(codes.device)]
+            qw = QuantizedWeight(pack(codes, scheme.bits, -1, "int32"), qw.scales, qw.zeros, None,
+                                 QuantScheme(scheme.format, scheme.group_size, scheme.zeros_mode), (N, K))
+        if scheme.format not in KERNEL_FORMATS:
+            raise UnsupportedConfigError(f"the dequant kernels take {choices(KERNEL_FORMATS)} weights, not "
+                                         f"{scheme.format!r}")
+        qw = qw.to(device)           # repack on the target device (the GPU where there is one)
+        mode = scheme.zeros_mode
+        layer = cls(K, N, group_size=G, weight_format=scheme.format, zeros_mode=mode, dtype=dtype)
+        layer.qweight = (to_kernel_layout(qw.codes(), scheme.bits).contiguous())
+        layer.scales = (to_kernel_scales(torch.as_tensor(qw.scales).to(dtype)).contiguous())
+        z = None
+        if mode == "quantized":
+            z = to_kernel_scales(unpack_zeros(qw.zeros, scheme.bits).to(torch.int16)).contiguous()
+        elif mode is not None:
+            z = to_kernel_scales(torch.as_tensor(qw.zeros).to(dtype)).contiguous()
+        layer.zeros = z
+        if bias is not None:
+            b = torch.as_tensor(bias)
+            if tuple(b.shape) != (N,):
+                raise ArgumentError(f"bias must have shape [{N}], got {list(b.shape)}")
+            bias = b.to(device=device, dtype=dtype).contiguous()
+        layer.bias = bias
+        layer.perm = None if perm is None else perm.to(device)
+        return layer
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme="int4", *, group_size=128, dtype=None,
+                    device=None) -> "QuantLinear":
+        """Quantize an ``nn.Linear`` (round-to-nearest, :func:`mmaemit.dequant.quantize`). ``scheme``: a
+        QuantScheme or a format name (then ``group_size``; unsigned formats get "quantized" zero points)."""
+        if not isinstance(linear, nn.Linear):
+            raise ArgumentError(f"from_linear takes an nn.Linear, got {type(linear).__name__}")
+        if isinstance(scheme, str):
+            from mmaemit.dequant.formats import get_format
+
+            zm = "quantized" if get_format(scheme).kind == "uint" else None
+            scheme = QuantScheme(scheme, group_size, zm)
+        w = linear.weight.detach()
+        dtype = dtype or (w.dtype if w.dtype in _DTYPES else torch.float16)
+        qw = quantize(w.to(dtype), scheme)
+        b = None if linear.bias is None else linear.bias.detach()
+        return cls.from_quantized(qw, b, dtype=dtype, device=device if device is not None else w.device)
+
+    @classmethod
+    def from_gptq_safetensors(cls, path_or_dict, prefix: str, *, bits: int = 4, group_size=None, sym: bool = False,
+                              version: int = 1, dtype=torch.float16, device=None) -> "QuantLinear":
+        """Load ``{prefix}.qweight`` int32 [K*b/32, N], ``.qzeros`` int32 [G, N*b/32], ``.scales`` [G, N], optional
+        ``.g_idx`` int32 [K] (act-order) and ``.bias`` [N] (GPTQ v1: zeros stored minus 1; v2: as is).
+        ``group_size`` None: K / G from the scales."""
+        ck = _checkpoint(path_or_dict)
+        if bits not in (2, 4, 8):
+            raise UnsupportedConfigError(f"GPTQ bits={bits}; valid: 2, 4, 8")
+        kq, qweight = _tensor(ck, prefix, "qweight", (torch.int32,), 2)
+        K, N = qweight.shape[0] * 32 // bits, qweight.shape[1]
+        ks, scales = _tensor(ck, prefix, "scales", (torch.float16, torch.bfloat16, torch.float32), 2)
+        if scales.shape[1] != N:
+            raise ArgumentError(f"{ks!r} has shape {list(scales.shape)}: its columns must be N={N} (from {kq!r})")
+        G = _group(ks, scales.shape[0], K, group_size)
+        kz, qzeros = _tensor(ck, prefix, "qzeros", (torch.int32,), 2)
+        _shape(kz, qzeros, [K // G, N * bits // 32])
+        g_idx = None
+        kg = f"{prefix}.g_idx" if prefix else "g_idx"
+        if kg in ck:
+            kg, g_idx = _tensor(ck, prefix, "g_idx", (torch.int32, torch.int64), 1)
+            _shape(kg, g_idx, [K])
+            gi = g_idx.to(torch.int64)
+            if int(gi.min()) < 0 or int(gi.max()) >= K // G or \
+                    bool((torch.bincount(gi, minlength=K // G) != G).any()):
+                raise ArgumentError(f"{kg!r} must give every one of the {K // G} groups exactly {G} columns")
+        bias = cls._bias(ck, prefix, N)
+        dev = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+        t = [x.to(dev) for x in (qweight, qzeros, scales)]
+        qw = from_gptq(t[0], t[1], t[2], None if g_idx is None else g_idx.to(dev), bits=bits,
+                       group_size=G if G != K else -1, sym=sym, version=version)
+        return cls.from_quantized(qw, bias, dtype=dtype, device=dev)
+
+    @classmethod
+    def from_awq_safetensors(cls, path_or_dict, prefix: str, *, bits: int = 4, group_size=None,
+                             dtype=torch.float16, device=None) -> "QuantLinear":
+        """Load AutoAWQ GEMM tensors ``{prefix}.qweight`` int32 [K, N/8], ``.qzeros`` int32 [G, N/8],
+        ``.scales`` [G, N] and optional ``.bias`` [N] (packing order: :data:`mmaemit.dequant.AWQ_PACK_ORDER`)."""
+        ck = _checkpoint(path_or_dict)
+        if bits != 4:
+            raise UnsupportedConfigError(f"AWQ bits={bits}; valid: 4")
+        kq, qweight = _tensor(ck, prefix, "qweight", (torch.int32,), 2)
+        K, N = qweight.shape[0], qweight.shape[1] * 32 // bits
+        ks, scales = _tensor(ck, prefix, "scales", (torch.float16, torch.bfloat16, torch.float32), 2)
+        if scales.shape[1] != N:
+            raise ArgumentError(f"{ks!r} has shape {list(scales.shape)}: its columns must be N={N} (from {kq!r})")
+        G = _group(ks, scales.shape[0], K, group_size)
+        kz, qzeros = _tensor(ck, prefix, "qzeros", (torch.int32,), 2)
+        _shape(kz, qzeros, [K // G, N * bits // 32])
+        bias = cls._bias(ck, prefix, N)
+        dev = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+        qw = from_awq(qweight.to(dev), qzeros.to(dev), scales.to(dev), bits=bits, group_size=G if G != K else -1)
+        return cls.from_quantized(qw, bias, dtype=dtype, device=dev)
+
+    @staticmethod
+    def _bias(ck, prefix, N):
+        kb = f"{prefix}.bias" if prefix else "bias"
+        if kb not in ck:
+            return None
+        kb, b = _tensor(ck, prefix, "bias", (torch.float16, torch.bfloat16, torch.float32), 1)
+        _shape(kb, b, [N])
+        return b
+
+    # -------------------------------------------------------------------------------------------- use
+    def warmup(self):
+        """Compile every M path of this layer's kernels now (GPU; before serving or CUDA-graph capture)."""
+        if self.qweight.is_cuda:
+            ops.warmup(self.out_features, self.in_features, self.group_size, self.dtype, self.weight_format,
+                       self.zeros_mode or "", self.qweight.device)
+        return self
+
+    def forward(self, x):
+        if x.dtype != self.dtype:
+            raise ArgumentError(f"QuantLinear holds {_DTYPES[self.dtype]} weights; x is {x.dtype} (convert x, or "
+                                f"build the layer with dtype={x.dtype})")
+        if x.shape[-1] != self.in_features:
+            raise ArgumentError(f"x has {x.shape[-1]} features in its last dim, the layer takes {self.in_features}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            x2 = x2.index_select(1, self.perm)
+        y = torch.ops.mmaemit.dequant_linear(x2.contiguous(), self.qweight, self.scales, self.zeros, self.group_size,
+                                             self.weight_format, self.zeros_mode or "")
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def dequantized_weight(self):
+        """The layer's weight [N, K] in float32, in the original K order (the exact reference)."""
+        eye = torch.eye(self.in_features, dtype=torch.float32)
+        from .ops import dequant_linear_reference
+
+        w = dequant_linear_reference(eye, self.qweight, self.scales, self.zeros, self.group_size,
+                                     self.weight_format, self.zeros_mode or "").T
+        if self.perm is not None:
+            out = torch.empty_like(w)
+            out[:, self.perm.cpu()] = w
+            w = out
+        return w
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.weight_format} "
+                f"g{self.group_size}, zeros={self.zeros_mode}, dtype={_DTYPES[self.dtype]}, "
+                f"bias={self.bias is not None}, act_order={self.perm is not None}")

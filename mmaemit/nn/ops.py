@@ -1,0 +1,98 @@
+"""``torch.ops.mmaemit.dequant_linear``: the dequant GEMM as a ``torch.library`` custom op.
+
+``dequant_linear(x, qweight, scales, zeros, group_size, weight_format, zeros_mode) -> y``: x [M, K] float16 /
+bfloat16, qweight / scales / zeros in the kernel layout (:func:`mmaemit.dequant.kernel_layout.kernel_arguments`;
+``zeros`` None without zero points, ``zeros_mode`` "" then), y [M, N] = x @ dequant(W)^T in x's dtype.
+
+* CUDA: one :class:`~mmaemit.kernels.dequant_dispatch.DequantGemm` per (N, K, group, dtype, format, zeros mode,
+  device), shared by every layer of that shape; each M path compiles on its first use (:func:`warmup` compiles all
+  of them, do it before serving or CUDA-graph capture).
+* CPU: the exact reference (the kernel-layout tensors dequantized in float64 by the documented formulas, the product
+  in float32, rounded once to x's dtype), or, with ``MMAEMIT_INTERPRET=1``, the same kernels on the CPU interpreter.
+* a fake (meta) implementation gives the output's shape and dtype, so ``torch.compile(fullgraph=True)`` traces it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+import torch
+
+from mmaemit.dequant.formats import get_format
+from mmaemit.dequant.kernel_layout import from_kernel_layout, from_kernel_scales
+from mmaemit.errors import ArgumentError
+from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+__all__ = ["dequant_linear", "dequant_linear_reference", "gemm_for", "warmup"]
+
+_GEMMS: dict = {}
+_LOCK = threading.Lock()
+
+
+def _zeros_mode(zeros_mode: str):
+    return zeros_mode or None
+
+
+def gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device=None, *, interpret=None) -> DequantGemm:
+    """The shared :class:`DequantGemm` of a problem (made once per device)."""
+    dev = None if device is None else torch.device(device)
+    key = (N, K, group_size, str(dtype), weight_format, zeros_mode or None,
+           None if dev is None or dev.type == "cpu" else (dev.type, dev.index), interpret)
+    with _LOCK:
+        g = _GEMMS.get(key)
+        if g is None:
+            arch = None
+            if dev is not None and dev.type == "cuda":
+                from mmaemit.arch import device_arch
+
+                arch = device_arch(dev.index or 0).name
+            dt = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, dtype)
+            g = _GEMMS[key] = DequantGemm(N, K, group_size, dt, weight_format, zeros_mode or None, arch,
+                                          interpret=interpret)
+        return g
+
+
+def warmup(N, K, group_size, dtype, weight_format, zeros_mode, device):
+    """Compile every M path of a problem's DequantGemm now."""
+    gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device).warmup()
+
+
+def dequant_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
+    """The exact CPU reference of :func:`dequant_linear` (any device): float64 dequantization of the kernel-layout
+    tensors, float32 product, one rounding to x's dtype."""
+    fmt = get_format(weight_format)
+    codes = from_kernel_layout(qweight.cpu(), fmt.bits)
+    values = fmt.decode(codes)                                                   # float64 [N, K]
+    K = values.shape[1]
+    G = K if group_size in (None, -1) else group_size
+    s = from_kernel_scales(scales.cpu()).double().repeat_interleave(G, dim=1)
+    mode = _zeros_mode(zeros_mode)
+    if mode is None:
+        w = values * s
+    else:
+        z = from_kernel_scales(zeros.cpu()).double().repeat_interleave(G, dim=1)
+        w = values * s - z if mode == "rescale" else (values - z) * s
+    y = x.cpu().float() @ w.float().T
+    return y.to(x.dtype).to(x.device)
+
+
+@torch.library.custom_op("mmaemit::dequant_linear", mutates_args=())
+def dequant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                   group_size: int, weight_format: str, zeros_mode: str) -> torch.Tensor:
+    if x.dim() != 2:
+        raise ArgumentError(f"x must be 2-D [M, K], got {tuple(x.shape)}")
+    N, K = qweight.shape[0] * 16, x.shape[1]
+    if x.device.type != "cuda" and os.environ.get("MMAEMIT_INTERPRET", "") in ("", "0"):
+        return dequant_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode)
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    g = gemm_for(N, K, group_size, x.dtype, weight_format, zeros_mode, x.device)
+    out = torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)
+    return g(x, qweight, scales, zeros, out=out)
+
+
+@dequant_linear.register_fake
+def _(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
+    return x.new_empty((x.shape[0], qweight.shape[0] * 16))

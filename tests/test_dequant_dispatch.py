@@ -1,0 +1,187 @@
+"""Dynamic M: the symbolic-M dequant kernels (GEMV, tiled, dense + Hopper GEMM) on the interpreter for ragged M, the
+DequantGemm dispatcher's plan, and on the GPU every M from 1 to 4096 with poisoned outputs and CUDA-graph capture."""
+import functools
+
+import pytest
+import torch
+
+import mmaemit
+from mmaemit import dequant as D
+from mmaemit.dequant.kernel_layout import kernel_arguments
+from mmaemit.errors import ArgumentError, TileShapeError
+from mmaemit.kernels.dequant_dense import make_dequant_to_dense
+from mmaemit.kernels.dequant_dispatch import LARGE_M, DequantGemm
+from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
+from mmaemit.kernels.gemm_hopper import HopperGemmConfig, make_gemm_hopper
+
+N, K = 128, 512
+SMALL_HOPPER = HopperGemmConfig(block_n=64, consumers=2, stages=2, num_sms=2, epilogue_boxes=1)
+SMALL_GEMV = GemvConfig(n_blocks=2, k_slices=2, stages=3)
+
+
+@functools.lru_cache(maxsize=None)
+def _weights(fmt="int4", dtype=torch.float16, zeros_mode=None, n=N, k=K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scheme = D.QuantScheme(fmt, group_size=128, zeros_mode=zeros_mode) if zeros_mode else D.QuantScheme(fmt, 128)
+    qw = D.quantize(torch.randn(n, k, generator=g).to(dtype), scheme)
+    tensors, kw = kernel_arguments(qw)
+    return qw, tensors, kw
+
+
+def _check(C, A, qw, dtype, tol=None):
+    assert not torch.isnan(C).any(), "rows left unwritten (the output was NaN-poisoned)"
+    ref = A.double() @ qw.dequantize().double().T
+    rel = ((C.double() - ref).norm() / ref.norm()).item()
+    assert rel < (tol or (2e-3 if dtype == torch.float16 else 8e-3)), rel
+
+
+def _run(func, M, dtype=torch.float16, seed=1, fmt="int4", zeros_mode=None):
+    qw, tensors, _ = _weights(fmt, dtype, zeros_mode)
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + M)).to(dtype)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    report = mmaemit.interpret(func, A, *tensors, C, arch="sm_90a")
+    assert report.ok, report.summary()
+    _check(C, A, qw, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _gemv(m_max, dtype="float16"):
+    return make_dequant_gemv(None, N, K, 128, dtype, SMALL_GEMV, "sm_90a", m_max=m_max)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _tiled(bm, dtype="float16"):
+    cfg = TiledConfig(64, 64, 32, 32, 4) if bm == 64 else TiledConfig()
+    return make_dequant_gemm_tiled(None, N, K, 128, dtype, cfg, "sm_90a")[0]
+
+
+@pytest.mark.parametrize("m_max, M", [(8, 1), (8, 7), (16, 9), (16, 16), (16, 1)])
+def test_symbolic_m_gemv_serves_ragged_m(m_max, M):
+    _run(_gemv(m_max), M)
+
+
+@pytest.mark.parametrize("bm, M", [(64, 1), (64, 7), (64, 33), (64, 100), (128, 33), (128, 100)])
+def test_symbolic_m_tiled_serves_ragged_m(bm, M):
+    _run(_tiled(bm), M)
+
+
+def test_symbolic_m_bf16():
+    _run(_gemv(16, "bfloat16"), 11, torch.bfloat16)
+    _run(_tiled(64, "bfloat16"), 33, torch.bfloat16)
+
+
+def test_symbolic_m_signature_binds_m_from_a():
+    f = _gemv(8)
+    assert str(f.params[0].ty.shape[0] if hasattr(f.params[0], "ty") else "m")  # the PrimFunc builds
+    k = mmaemit.compile(make_dequant_gemv(None, 256, 1024, m_max=8, arch="sm_90a")[0], target="sm_90a")
+    assert "A: float16(m, 1024)" in k.signature() and "C: float16(m, 256)" in k.signature()
+    with pytest.raises(TileShapeError, match="exceeds this path's limit of 16"):
+        make_dequant_gemv(None, 256, 1024, m_max=32)
+    with pytest.raises(TileShapeError, match="1 <= M <= 16"):
+        make_dequant_gemv(17, 256, 1024)
+
+
+@pytest.mark.parametrize("fmt, dtype, zeros_mode", [("int4", torch.float16, None), ("int4", torch.bfloat16, None),
+                                                    ("int8", torch.float16, None), ("uint2", torch.float16, "original"),
+                                                    ("nf4", torch.bfloat16, None), ("int1", torch.float16, None)])
+def test_dequant_to_dense_is_bit_exact(fmt, dtype, zeros_mode):
+    """The dense kernel's output equals dequantize() rounded to the activation dtype, element for element."""
+    qw, tensors, kw = _weights(fmt, dtype, zeros_mode, n=32, k=256)
+    f = make_dequant_to_dense(32, 256, dtype=str(dtype)[6:], arch="sm_90a", **kw)
+    out = torch.full((32, 256), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(f, *tensors, out, arch="sm_90a").ok
+    assert torch.equal(out, qw.dequantize().to(dtype))
+
+
+@pytest.mark.parametrize("M", [1, 7, 33, 100])
+def test_symbolic_m_hopper_gemm_on_dense_weights(M):
+    f = _hopper()
+    qw, tensors, _ = _weights()
+    dense = qw.dequantize().to(torch.float16)
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
+    C = torch.full((M, N), float("nan"), dtype=torch.float16)
+    assert mmaemit.interpret(f, A, dense, C).ok
+    _check(C, A, qw, torch.float16)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper():
+    return make_gemm_hopper(None, N, K, config=SMALL_HOPPER)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _dispatcher(large_m=90):
+    _, _, kw = _weights()
+    return DequantGemm(N, K, interpret=True, large_m=large_m, arch="sm_90a",
+                       configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER}, **kw)
+
+
+def test_dispatcher_plan():
+    dg = _dispatcher()
+    assert [(p, lo, hi) for p, lo, hi in dg.ranges] == [("gemv8", 1, 8), ("gemv16", 9, 16), ("tiled64", 17, 64),
+                                                        ("tiled128", 65, 89), ("dense", 90, None)]
+    assert [dg.path_for(m) for m in (1, 8, 9, 17, 64, 65, 89, 90, 4096)] == [
+        "gemv8", "gemv8", "gemv16", "tiled64", "tiled64", "tiled128", "tiled128", "dense", "dense"]
+    _, _, kw = _weights()
+    plain = DequantGemm(N, K, arch="sm_80", **kw)            # no Hopper: the tiled path serves every M above 16
+    assert plain.ranges[-1] == ("tiled128", 65, None) and plain.large_m is None
+    assert DequantGemm(8192, 8192, arch="sm_90a").ranges[-1] == ("dense", LARGE_M, None)
+    narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, interpret=True, **kw)   # N=64: no 128-wide tiles
+    assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
+    assert narrow.ranges[2] == ("tiled64", 17, 255)
+    with pytest.raises(ArgumentError, match="A must be a 2-D"):
+        _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])
+
+
+@pytest.mark.parametrize("M", [1, 12, 33, 70, 100])
+def test_dispatcher_routes_ragged_m_on_the_interpreter(M):
+    dg = _dispatcher()
+    qw, tensors, _ = _weights()
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
+    C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
+    _check(C, A, qw, torch.float16)
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+@functools.lru_cache(maxsize=None)
+def _gpu_problem(n, k, dtype):
+    qw, tensors, kw = _weights("int4", dtype, None, n=n, k=k, seed=3)
+    return qw.dequantize().to(dtype).cuda(), [t.cuda() for t in tensors], DequantGemm(n, k, **kw).warmup()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dispatcher_every_m_on_the_gpu(dtype):
+    """M = 1 .. 4096 (ragged ones included) through one warmed-up dispatcher: no compile after warm-up, every row
+    of a NaN-poisoned output written and within tolerance of the fp32 product of the dequantized weights."""
+    dense, tensors, dg = _gpu_problem(4096, 4096, dtype)
+    compiled = {p: k for p, k in dg._kernels.items()}
+    for M in (1, 7, 16, 33, 64, 100, 127, 128, 257, 1000, 4096):
+        A = torch.randn(M, 4096, device="cuda").to(dtype)
+        C = dg(A, *tensors, out=torch.full((M, 4096), float("nan"), dtype=dtype, device="cuda"))
+        torch.cuda.synchronize()
+        ref = A.float() @ dense.float().T
+        assert not torch.isnan(C).any(), (M, dg.path_for(M))
+        rel = ((C.float() - ref).norm() / ref.norm()).item()
+        assert rel < (3e-3 if dtype == torch.float16 else 1e-2), (M, dg.path_for(M), rel)
+    assert dg._kernels == compiled, "a call compiled a kernel after warmup()"
+
+
+@pytest.mark.gpu
+def test_dispatcher_calls_are_cuda_graph_capturable():
+    dense, tensors, dg = _gpu_problem(4096, 4096, torch.float16)
+    for M in (5, 33, 300):
+        A = torch.randn(M, 4096, device="cuda").half()
+        C = torch.empty(M, 4096, device="cuda", dtype=torch.float16)
+        dg(A, *tensors, out=C)                                   # warm the path on the side stream's allocator
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dg(A, *tensors, out=C)
+        A.copy_(torch.randn(M, 4096, device="cuda").half())
+        C.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = A.float() @ dense.float().T
+        assert not torch.isnan(C).any(), M
+        assert ((C.float() - ref).norm() / ref.norm()).item() < 3e-3, M
