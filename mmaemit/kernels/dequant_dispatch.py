@@ -7,8 +7,8 @@ path           M range (defaults)           kernel
 =============  ===========================  ====================================================================
 ``gemv8``      1 .. 8                       :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
 ``gemv16``     9 .. 16                      the same with ``m_max=16`` (two A rows per lane)
-``tiled64``    17 .. 64                     :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
-``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles
+``tiled64``    17 .. 64 (without sm_90a)    :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
+``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles (``large_m`` > 65, or no sm_90a)
 ``dense_mid``  ``large_m`` .. ``wide_m`` - 1 :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into a
                (sm_90a)                     fp16 / bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
                                             (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``)
@@ -37,10 +37,12 @@ from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "prebuild"]
 
-#: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a
-LARGE_M = 128
-#: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles
-WIDE_M = 1024
+#: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
+#: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
+#: GPUs without wgmma
+LARGE_M = 17
+#: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles (128 x 128 won at M=256, lost at 1024)
+WIDE_M = 512
 #: path names, smallest M first
 PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
