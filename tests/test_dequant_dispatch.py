@@ -84,7 +84,9 @@ def test_symbolic_m_signature_binds_m_from_a():
 
 @pytest.mark.parametrize("fmt, dtype, zeros_mode", [("int4", torch.float16, None), ("int4", torch.bfloat16, None),
                                                     ("int8", torch.float16, None), ("uint2", torch.float16, "original"),
-                                                    ("nf4", torch.bfloat16, None), ("int1", torch.float16, None)])
+                                                    ("nf4", torch.bfloat16, None), ("int1", torch.float16, None),
+                                                    ("uint4", torch.float16, "quantized"),
+                                                    ("uint8", torch.bfloat16, "quantized")])
 def test_dequant_to_dense_is_bit_exact(fmt, dtype, zeros_mode):
     """The dense kernel's output equals dequantize() rounded to the activation dtype, element for element."""
     qw, tensors, kw = _weights(fmt, dtype, zeros_mode, n=32, k=256)
@@ -116,6 +118,17 @@ def _dispatcher(large_m=90):
     return DequantGemm(N, K, interpret=True, large_m=large_m, wide_m=100, arch="sm_90a",
                        configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER,
                                 "hopper_mid": SMALL_HOPPER_MID}, **kw)
+
+
+@pytest.mark.parametrize("M", [3, 40])
+def test_dispatcher_with_quantized_zeros_gptq_style(M):
+    """uint4 with integer zero codes (what GPTQ / AWQ checkpoints load as) through the GEMV and the dense path."""
+    qw, tensors, kw = _weights("uint4", torch.float16, "quantized")
+    dg = DequantGemm(N, K, interpret=True, large_m=17, wide_m=17, arch="sm_90a",
+                     configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER}, **kw)
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
+    C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
+    _check(C, A, qw, torch.float16)
 
 
 def test_dispatcher_plan():
