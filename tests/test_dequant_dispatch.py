@@ -147,6 +147,9 @@ def test_dispatcher_plan():
     narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, wide_m=256, interpret=True, **kw)   # N=64
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
     assert narrow.ranges[2] == ("tiled64", 17, 255)
+    assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == ["gemv8", "gemv16", "tiled64", "tiled128",
+                                                                      "dense_mid", "dense"]
+    assert "dense" not in plain.runnable_paths()
     with pytest.raises(ArgumentError, match="A must be a 2-D"):
         _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])
 

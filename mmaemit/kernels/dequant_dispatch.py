@@ -134,6 +134,11 @@ class DequantGemm:
             out.append((p, lo, hi))
         return out
 
+    def runnable_paths(self) -> list:
+        """Every path that can run this problem here (the plan's and those it leaves unused), in :data:`PATHS`
+        order."""
+        return [p for p in PATHS if self._fits(p) and (not p.startswith("dense") or self.large_m is not None)]
+
     def path_for(self, M: int) -> str:
         """The path that serves ``M`` rows."""
         if M < 1:
@@ -200,11 +205,13 @@ class DequantGemm:
 
     def run_path(self, path, A, W, S, Z=None, out=None):
         """Run one named path (any path serves any M >= 1, except the GEMVs: M <= 8 / 16), e.g. to time the
-        paths against each other; ``__call__`` picks by M."""
+        paths against each other, including paths the plan does not use (the tiled paths on sm_90a); ``__call__``
+        picks by M."""
         import torch
 
-        if path not in [r[0] for r in self.ranges]:
-            raise UnsupportedConfigError(f"path {path!r} is not one of this problem's {choices(r[0] for r in self.ranges)}")
+        runnable = self.runnable_paths()
+        if path not in runnable:
+            raise UnsupportedConfigError(f"path {path!r} cannot run this problem here; valid: {choices(runnable)}")
         M = A.shape[0]
         if path.startswith("gemv") and M > (8 if path == "gemv8" else 16):
             raise ArgumentError(f"path {path} serves M <= {8 if path == 'gemv8' else 16}, not M={M}")
