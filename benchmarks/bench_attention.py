@@ -13,6 +13,7 @@ processes into the on-disk cubin cache.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -41,13 +42,38 @@ def shape(seqlen, head_dim, tokens, hidden):
     return max(1, tokens // seqlen), max(1, hidden // head_dim)
 
 
-def kernel_key(B, S, H, HK, D, dtype, causal, arch):
-    return (B, S, B * S, B * S, H, HK, D, dtype, causal, 1.0 / math.sqrt(D), arch)
+IMPLS = {"mmaemit": "mma_sync", "mmaemit-wgmma": "wgmma", "mma-alt": "mma_sync", "wgmma-no-overlap": "wgmma",
+         "wgmma-v-mn": "wgmma"}
+ABLATIONS = ("mma-alt", "wgmma-no-overlap", "wgmma-v-mn")     # timed only at the --ablation points
+#: mma-alt: the other mma.sync tile choice per head dim (d 64: 64-key blocks; d 128: 16 rows per warp, 64-row CTAs
+#: with fewer registers; d 256: 64 x 32 tiles, 96 KB of shared memory = 2 CTAs per SM)
+MMA_ALT = {64: (128, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
+
+
+def impl_config(name, D):
+    """The config of a column (None: the implementation's default)."""
+    from mmaemit.kernels.flash_attention import AttentionConfig
+    from mmaemit.kernels.flash_attention_hopper import default_hopper_config
+
+    if name == "mma-alt":
+        return AttentionConfig(*MMA_ALT[D])
+    if name == "wgmma-no-overlap":
+        return dataclasses.replace(default_hopper_config(D), overlap=False)
+    if name == "wgmma-v-mn":
+        return dataclasses.replace(default_hopper_config(D), v_major="mn")
+    return None
+
+
+def kernel_key(B, S, H, HK, D, dtype, causal, arch, implementation="mma_sync", config=None):
+    return (B, S, B * S, B * S, H, HK, D, dtype, causal, 1.0 / math.sqrt(D), arch, config, implementation)
 
 
 def _build(key):
     t = time.time()
-    attention_kernel(*key)
+    try:
+        attention_kernel(*key)
+    except Exception as exc:  # noqa: BLE001 - reported; the timing run shows the failure in its row
+        return key, f"{type(exc).__name__}: {exc}"[:300]
     return key, time.time() - t
 
 
@@ -60,7 +86,8 @@ def prebuild(keys, workers=None):
     with ProcessPoolExecutor(max_workers=workers or min(len(keys), os.cpu_count() or 4),
                              mp_context=__import__("multiprocessing").get_context("spawn")) as pool:
         for key, dt in pool.map(_build, keys):
-            pass
+            if isinstance(dt, str):
+                print(f"build failed {key}: {dt}", flush=True)
     print(f"prebuilt {len(keys)} kernels in {time.time() - t:.1f} s", flush=True)
 
 
@@ -69,8 +96,9 @@ def test_shape_keys(arch):
     from test_flash_attention import GPU_CASES
 
     keys = [kernel_key(B, S, H, HK, D, dt, c, arch) for dt, B, S, H, HK, D, c in GPU_CASES]
+    keys += [kernel_key(B, S, H, HK, D, dt, c, arch, "wgmma") for dt, B, S, H, HK, D, c in GPU_CASES[:2]]
     # test_gpu_varlen_ragged_matches_float64: lengths q [300, 1, 129], k [300, 77, 500], 4 / 2 heads, d 128, causal
-    return keys + [(3, 300, 430, 877, 4, 2, 128, "float16", True, 1.0 / math.sqrt(128), arch)]
+    return keys + [(3, 300, 430, 877, 4, 2, 128, "float16", True, 1.0 / math.sqrt(128), arch, None, "mma_sync")]
 
 
 def rows_reference(q, k, v, causal, heads=2, rows=128):
@@ -108,7 +136,7 @@ def sdpa_call(backend, q, k, v, causal):
     return run
 
 
-def run_point(S, D, causal, dtype, tokens, hidden, backends):
+def run_point(S, D, causal, dtype, tokens, hidden, backends, impls, ablation=False):
     B, H = shape(S, D, tokens, hidden)
     td = getattr(torch, dtype)
     g = torch.Generator(device="cuda").manual_seed(S + D + causal)
@@ -116,13 +144,23 @@ def run_point(S, D, causal, dtype, tokens, hidden, backends):
     idx, ro, rl = rows_reference(q, k, v, causal)
     f = flops(B, S, S, H, D, causal)
     row = {"seqlen": S, "head_dim": D, "causal": causal, "batch": B, "heads": H}
-    o, lse = flash_attention(q, k, v, causal=causal)
-    torch.cuda.synchronize()
-    err_o = (o[0, idx, :2].float() - ro).abs().max().item()
-    err_l = (lse[0, :2, idx] - rl).abs().max().item()
-    ok = err_o < (4e-3 if dtype == "float16" else 3e-2) and err_l < 2e-3
-    row["mmaemit_err"] = f"{err_o:.1e}/{err_l:.1e}"
-    row["mmaemit"] = f / bench(lambda: flash_attention(q, k, v, causal=causal)) / 1e9 if ok else float("nan")
+    for name, impl in impls:
+        if name in ABLATIONS and not ablation:
+            continue
+        cfg = impl_config(name, D)
+        try:
+            o, lse = flash_attention(q, k, v, causal=causal, implementation=impl, config=cfg)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a failing implementation is reported in the table, not fatal
+            row[name], row[name + "_err"] = float("nan"), f"{type(exc).__name__}: {str(exc)[:60]}"
+            continue
+        err_o = (o[0, idx, :2].float() - ro).abs().max().item()
+        err_l = (lse[0, :2, idx] - rl).abs().max().item()
+        ok = err_o < (4e-3 if dtype == "float16" else 3e-2) and err_l < 2e-3
+        row[name + "_err"] = f"{err_o:.1e}/{err_l:.1e}"
+        row[name] = (f / bench(lambda: flash_attention(q, k, v, causal=causal, implementation=impl, config=cfg))
+                     / 1e9 if ok else float("nan"))
+        del o, lse
     for name, be in backends:
         fn = sdpa_call(be, q, k, v, causal)
         try:
@@ -134,7 +172,7 @@ def run_point(S, D, causal, dtype, tokens, hidden, backends):
         except RuntimeError as exc:
             row[name] = float("nan")
             row[name + "_err"] = type(exc).__name__ + ": " + str(exc).split("\n")[0][:60]
-    del q, k, v, o, lse
+    del q, k, v
     torch.cuda.empty_cache()
     return row
 
@@ -148,6 +186,10 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--points", nargs="+", default=None, help="explicit points SEQLEN:HEADDIM:CAUSAL (replaces the grid)")
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--ablation", nargs="*", default=["8192:128", "8192:256"], help="SEQLEN:HEADDIM points that also time the "
+                   "ablation columns (mma-alt, wgmma-no-overlap, wgmma-v-mn)")
+    p.add_argument("--prebuild-only", action="store_true")
     p.add_argument("--prebuild-tests", action="store_true", help="also build the GPU tests' kernels")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -155,33 +197,39 @@ def main(argv=None):
 
     arch = device_arch().name
     points = [(S, D, bool(c)) for D in args.head_dims for c in args.causal for S in args.seqlens]
+    points.sort(key=lambda p: (p[1] != 128, p[1], p[2], p[0]))        # head dim 128 first
     if args.points:
         points = [(int(a), int(b), bool(int(c))) for a, b, c in (x.split(":") for x in args.points)]
     keys = []
     for S, D, c in points:
         B, H = shape(S, D, args.tokens, args.hidden)
-        keys.append(kernel_key(B, S, H, H, D, args.dtype, c, arch))
+        for n in args.impls:
+            if n not in ABLATIONS or f"{S}:{D}" in args.ablation:
+                keys.append(kernel_key(B, S, H, H, D, args.dtype, c, arch, IMPLS[n], impl_config(n, D)))
     if args.prebuild_tests:
         keys += test_shape_keys(arch)
     prebuild(keys)
+    if args.prebuild_only:
+        return 0
     backends = sdpa_backends()
     props = torch.cuda.get_device_properties(0)
     head = (f"GPU {props.name} ({arch}), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch "
             f"{torch.__version__}, {args.dtype}, tokens {args.tokens}, hidden {args.hidden}; TFLOP/s (median)")
-    cols = ["mmaemit"] + [n for n, _ in backends]
+    impls = [(n, IMPLS[n]) for n in args.impls]
+    cols = [n for n, _ in impls] + [n for n, _ in backends]
     lines = [head, "", "| head dim | causal | seqlen | batch x heads | " + " | ".join(cols) + " | errors (O/LSE; peers O) |",
              "|---|---|---|---|" + "---|" * len(cols) + "---|"]
     print(head, flush=True)
     for S, D, c in points:
-        r = run_point(S, D, c, args.dtype, args.tokens, args.hidden, backends)
-        errs = " ".join([r["mmaemit_err"]] + [r.get(n + "_err", "") for n, _ in backends])
+        r = run_point(S, D, c, args.dtype, args.tokens, args.hidden, backends, impls, f"{S}:{D}" in args.ablation)
+        errs = " ".join(r.get(n + "_err", "") for n in cols)
         line = (f"| {D} | {'yes' if c else 'no'} | {S} | {r['batch']}x{r['heads']} | "
-                + " | ".join(f"{r[n]:.0f}" for n in cols) + f" | {errs} |")
+                + " | ".join(f"{r[n]:.0f}" if n in r else "-" for n in cols) + f" | {errs} |")
         lines.append(line)
         print(line, flush=True)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+        if args.out:                # rewritten after every point: a run cut short keeps what it measured
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -11,6 +11,7 @@ from mmaemit.errors import ArgumentError, LayoutError, TileShapeError, Unsupport
 from mmaemit.interpret import interpret
 from mmaemit.kernels.flash_attention import (AttentionConfig, flash_attention, flash_attention_varlen,
                                              make_flash_attention, reference)
+from mmaemit.kernels.flash_attention_hopper import HopperAttentionConfig, make_flash_attention_hopper
 from mmaemit.layouts import mma_fragment
 from mmaemit.layouts.accumulator_operand import AccumulatorAsOperand, accumulator_as_operand
 
@@ -48,7 +49,7 @@ def _cu(lens):
     return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
 
 
-def _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, scale=None, config=None, seed=0):
+def _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, scale=None, config=None, seed=0, hopper=False):
     g = torch.Generator().manual_seed(seed)
     td = getattr(torch, dtype)
     TQ, TK = sum(lens_q), sum(lens_k)
@@ -56,10 +57,11 @@ def _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, scale=None, config=
     k = torch.randn(TK, HK, D, generator=g).to(td)
     v = torch.randn(TK, HK, D, generator=g).to(td)
     cq, ck = _cu(lens_q), _cu(lens_k)
-    func, _ = make_flash_attention(len(lens_q), max(lens_q), TQ, TK, H, HK, D, dtype, causal, scale, config, "sm_80")
+    make, arch = (make_flash_attention_hopper, "sm_90a") if hopper else (make_flash_attention, "sm_80")
+    func, _ = make(len(lens_q), max(lens_q), TQ, TK, H, HK, D, dtype, causal, scale, config, arch)
     o = torch.full((TQ, H * D), float("nan"), dtype=td)           # poisoned: every row must be written
     lse = torch.full((H, TQ), float("nan"))
-    report = interpret(func, q.view(TQ, -1), k.view(TK, -1), v.view(TK, -1), o, lse, cq, ck, arch="sm_80")
+    report = interpret(func, q.view(TQ, -1), k.view(TK, -1), v.view(TK, -1), o, lse, cq, ck, arch=arch)
     ro, rl = reference(q, k, v, causal, scale, cq, ck)
     return report, o.view(TQ, H, D), lse, ro, rl
 
@@ -84,6 +86,44 @@ def test_interpreter_matches_float64(dtype, causal, lens_q, lens_k, H, HK):
     finite = torch.isfinite(rl)
     assert torch.equal(torch.isfinite(lse), finite)            # rows that see no key: LSE = -inf, O = 0
     assert (lse.double()[finite] - rl[finite]).abs().max().item() < 1e-3
+
+
+def _check(report, o, lse, ro, rl, dtype):
+    assert report.ok and not report.errors
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert (o.double() - ro).abs().max().item() < (2e-3 if dtype == "float16" else 1.6e-2)
+    finite = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse.double()[finite] - rl[finite]).abs().max().item() < 1e-3
+
+
+HOPPER_CASES = [  # dtype, D, causal, lens_q, lens_k, heads, kv_heads
+    ("float16", 64, False, [80], [80], 2, 2),
+    ("bfloat16", 64, True, [200, 33], [300, 47], 2, 1),          # 2 query tiles, 3 key blocks, ragged, MQA
+    ("float16", 128, True, [150, 20], [140, 60], 2, 1),          # more queries than keys: empty rows
+    ("float16", 256, False, [70, 9], [130, 40], 4, 2),           # block_n 64: 3 key blocks, GQA
+]
+
+
+@pytest.mark.parametrize("dtype, D, causal, lens_q, lens_k, H, HK", HOPPER_CASES)
+def test_hopper_kernel_on_the_interpreter_matches_float64(dtype, D, causal, lens_q, lens_k, H, HK):
+    report, o, lse, ro, rl = _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, hopper=True)
+    _check(report, o, lse, ro, rl, dtype)
+
+
+def test_hopper_kernel_without_overlap_on_the_interpreter():
+    cfg = HopperAttentionConfig(block_n=64, overlap=False)
+    report, o, lse, ro, rl = _interpret_case("float16", 64, True, [150, 40], [150, 100], 2, 1, config=cfg, hopper=True)
+    _check(report, o, lse, ro, rl, "float16")
+
+
+def test_hopper_config_errors():
+    with pytest.raises(TileShapeError, match="multiple of 64"):
+        make_flash_attention_hopper(1, 64, 64, 64, 2, 2, 64, config=HopperAttentionConfig(block_n=96))
+    with pytest.raises(UnsupportedConfigError, match="shared memory"):
+        make_flash_attention_hopper(1, 64, 64, 64, 2, 2, 256, config=HopperAttentionConfig(block_n=128))
+    with pytest.raises(mmaemit.errors.ArchError):
+        make_flash_attention_hopper(1, 64, 64, 64, 2, 2, 64, arch="sm_80")
 
 
 def test_interpreter_head_dim_128_custom_scale_and_small_tiles():
@@ -156,6 +196,20 @@ def test_sass_has_no_spills_and_uses_hmma(arch, D, causal):
     assert "LDSM.16.MT88.4" in kernel.sass(arch)               # V through ldmatrix.trans
 
 
+@pytest.mark.parametrize("D, causal", [(128, False), (256, True)])
+def test_hopper_sass_has_no_spills_and_uses_hgmma(D, causal):
+    func, cfg = make_flash_attention_hopper(2, 1024, 2048, 2048, 8, 8, D, "float16", causal)
+    kernel = mmaemit.compile(func, target="sm_90a")
+    usage = kernel.resource_usage("sm_90a")
+    assert usage.spill_bytes == 0 and usage.stack_frame_bytes == 0, usage
+    mix = kernel.instruction_mix("sm_90a")
+    # Q K^T k-steps + P V k-steps in the loop + the last block's P V after it (overlap: P V of block n - 1 in trip n)
+    assert mix["HGMMA"] >= D // 16 + 2 * (cfg.block_n // 16), mix
+    assert mix.get("HMMA", 0) == 0 and mix["LDSM"] > 0 and mix["STSM"] > 0, mix   # V transposed by the producer
+    sass = kernel.sass("sm_90a")
+    assert "UTMALDG.2D" in sass and "SYNCS" in sass
+
+
 # ---- GPU vs torch SDPA (fp32) ----------------------------------------------------------------------------------------
 
 def _sdpa_fp32(q, k, v, causal, scale=None):
@@ -190,6 +244,21 @@ def test_gpu_matches_sdpa_fp32(dtype, B, S, H, HK, D, causal):
     ro, rl = _sdpa_fp32(q, k, v, causal)
     tol = 4e-3 if dtype == "float16" else 2.5e-2
     assert (o.float() - ro).abs().max().item() < tol
+    assert (lse - rl).abs().max().item() < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, B, S, H, HK, D, causal", [("float16", 2, 1000, 4, 4, 128, False),
+                                                          ("bfloat16", 1, 777, 4, 1, 64, True)])
+def test_gpu_hopper_kernel_matches_sdpa_fp32(dtype, B, S, H, HK, D, causal):
+    g = torch.Generator(device="cuda").manual_seed(6)
+    td = getattr(torch, dtype)
+    q = torch.randn(B, S, H, D, device="cuda", generator=g).to(td)
+    k = torch.randn(B, S, HK, D, device="cuda", generator=g).to(td)
+    v = torch.randn(B, S, HK, D, device="cuda", generator=g).to(td)
+    o, lse = flash_attention(q, k, v, causal=causal, implementation="wgmma")
+    ro, rl = _sdpa_fp32(q, k, v, causal)
+    assert (o.float() - ro).abs().max().item() < (4e-3 if dtype == "float16" else 2.5e-2)
     assert (lse - rl).abs().max().item() < 2e-3
 
 

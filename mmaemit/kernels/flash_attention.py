@@ -35,10 +35,7 @@ from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.layouts.accumulator_operand import accumulator_as_operand
 from mmaemit.pipeline.cp_async import CpAsyncTile, cp_async_commit, cp_async_wait
 
-DTYPES = ("float16", "bfloat16")
-HEAD_DIMS = (64, 128, 256)
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from mmaemit.kernels.attention_spec import HEAD_DIMS, IMPLEMENTATIONS, LN2, LOG2E, check_problem
 
 
 @dataclass(frozen=True)
@@ -78,13 +75,7 @@ def make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads,
     """
     from tvm.script import tirx as T
 
-    dtype = canonical(dtype)
-    if dtype not in DTYPES:
-        raise UnsupportedConfigError(f"attention dtype must be one of {choices(DTYPES)}, not {dtype!r}")
-    if head_dim not in HEAD_DIMS:
-        raise UnsupportedConfigError(f"head_dim must be one of {choices(HEAD_DIMS)}, not {head_dim!r}")
-    if kv_heads < 1 or heads % kv_heads:
-        raise UnsupportedConfigError(f"kv_heads={kv_heads} must divide heads={heads} (GQA / MQA)")
+    dtype, scale = check_problem(dtype, head_dim, heads, kv_heads, softmax_scale)
     for name, v in (("batch", batch), ("max_seqlen_q", max_seqlen_q), ("total_q", total_q), ("total_k", total_k)):
         if not isinstance(v, int) or v < 1:
             raise TileShapeError(f"{name} must be a positive int, not {v!r}")
@@ -94,9 +85,6 @@ def make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads,
         raise TileShapeError(f"{cfg}: block_m must be a multiple of 16 * warps, block_n of 16, stages 2")
     WR = BM // NW // 16                 # m16 tiles per warp
     THREADS = 32 * NW
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
-    if not scale > 0:
-        raise UnsupportedConfigError(f"softmax_scale must be positive, not {softmax_scale!r}")
     SL2 = scale * LOG2E
     H, HK, GROUP = heads, kv_heads, heads // kv_heads
     MB = -(-max_seqlen_q // BM)
@@ -298,18 +286,29 @@ _KERNELS: dict = {}
 _CU_SEQLENS: dict = {}
 
 
+def _builder(implementation):
+    if implementation not in IMPLEMENTATIONS:
+        raise UnsupportedConfigError(f"implementation must be one of {choices(IMPLEMENTATIONS)}, not "
+                                     f"{implementation!r}")
+    if implementation == "wgmma":
+        from mmaemit.kernels.flash_attention_hopper import make_flash_attention_hopper
+
+        return make_flash_attention_hopper
+    return make_flash_attention
+
+
 def attention_kernel(batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, dtype, causal, softmax_scale,
-                     arch, config=None):
+                     arch, config=None, implementation="mma_sync"):
     """The compiled kernel for one problem (cached per process; built through the cubin cache so the SASS checked on
-    the CPU is what runs)."""
+    the CPU is what runs). ``implementation``: "mma_sync" (sm_80+) or "wgmma" (the Hopper kernel, sm_90a)."""
     import mmaemit
 
     key = (batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, canonical(dtype), bool(causal),
-           float(softmax_scale), str(arch), config)
+           float(softmax_scale), str(arch), config, implementation)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        func, _ = make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, dtype,
-                                       causal, softmax_scale, config, arch)
+        func, _ = _builder(implementation)(batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, dtype,
+                                           causal, softmax_scale, config, arch)
         kernel = _KERNELS[key] = mmaemit.compile(func, target=arch, cubin_cache=True)
     return kernel
 
@@ -349,27 +348,31 @@ def _check_inputs(q, k, v, varlen):
         raise ArgumentError(f"batch of q ({q.shape[0]}) and k ({k.shape[0]}) differ")
 
 
-def _run(q2, k2, v2, o2, lse, cu_q, cu_k, batch, max_seqlen_q, heads, kv_heads, head_dim, causal, scale, config):
+def _run(q2, k2, v2, o2, lse, cu_q, cu_k, batch, max_seqlen_q, heads, kv_heads, head_dim, causal, scale, config,
+         implementation):
     dtype = "float16" if str(q2.dtype) == "torch.float16" else "bfloat16"
     if q2.device.type == "cpu":   # no GPU: the CPU interpreter runs the same kernel (slow; small problems only)
         from mmaemit.interpret import interpret
 
-        func, _ = make_flash_attention(batch, max_seqlen_q, q2.shape[0], k2.shape[0], heads, kv_heads, head_dim, dtype,
-                                       causal, scale, config, "sm_80")
-        interpret(func, q2, k2, v2, o2, lse, cu_q, cu_k, arch="sm_80")
+        arch = "sm_90a" if implementation == "wgmma" else "sm_80"
+        func, _ = _builder(implementation)(batch, max_seqlen_q, q2.shape[0], k2.shape[0], heads, kv_heads, head_dim,
+                                           dtype, causal, scale, config, arch)
+        interpret(func, q2, k2, v2, o2, lse, cu_q, cu_k, arch=arch)
         return
     from mmaemit.arch import device_arch
 
     kernel = attention_kernel(batch, max_seqlen_q, q2.shape[0], k2.shape[0], heads, kv_heads, head_dim, dtype, causal,
-                              scale, device_arch(q2.device.index or 0).name, config)
+                              scale, device_arch(q2.device.index or 0).name, config, implementation)
     kernel(q2, k2, v2, o2, lse, cu_q, cu_k)
 
 
-def flash_attention(q, k, v, causal=False, softmax_scale=None, config: AttentionConfig = None):
+def flash_attention(q, k, v, causal=False, softmax_scale=None, config=None, implementation="mma_sync"):
     """Attention forward on ``[batch, seqlen, heads, head_dim]`` tensors (k / v: ``[batch, seqlen_k, kv_heads,
     head_dim]``). Returns ``(O [batch, seqlen, heads, head_dim], LSE float32 [batch, heads, seqlen])``.
 
-    CUDA tensors run the compiled kernel (cached per shape); CPU tensors run it on the interpreter."""
+    ``implementation``: "mma_sync" (this module's kernel, sm_80+; ``config`` an ``AttentionConfig``) or "wgmma"
+    (``mmaemit.kernels.flash_attention_hopper``, sm_90a; ``config`` a ``HopperAttentionConfig``). CUDA tensors run
+    the compiled kernel (cached per shape); CPU tensors run it on the interpreter."""
     import torch
 
     _check_inputs(q, k, v, varlen=False)
@@ -382,12 +385,12 @@ def flash_attention(q, k, v, causal=False, softmax_scale=None, config: Attention
     cu_q = _dense_cu_seqlens(B, S, q.device)
     cu_k = _dense_cu_seqlens(B, SK, q.device)
     _run(q.view(B * S, H * D), k.view(B * SK, HK * D), v.view(B * SK, HK * D), o.view(B * S, H * D), lse, cu_q, cu_k,
-         B, S, H, HK, D, causal, scale, config)
+         B, S, H, HK, D, causal, scale, config, implementation)
     return o, lse.view(H, B, S).permute(1, 0, 2)
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=False, softmax_scale=None,
-                           config: AttentionConfig = None):
+                           config=None, implementation="mma_sync"):
     """Attention over packed ragged sequences: q ``[total_q, heads, d]``, k / v ``[total_k, kv_heads, d]``,
     ``cu_seqlens_*`` int32 ``[batch + 1]`` prefix sums of the lengths (on q's device), ``max_seqlen_q`` >= every query
     length. Returns ``(O [total_q, heads, d], LSE float32 [heads, total_q])``."""
@@ -409,7 +412,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ca
     lse = torch.empty((H, TQ), dtype=torch.float32, device=q.device)
     _run(q.view(TQ, H * D), k.view(k.shape[0], HK * D), v.view(v.shape[0], HK * D), o.view(TQ, H * D), lse,
          cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), H, HK, D,
-         causal, scale, config)
+         causal, scale, config, implementation)
     return o, lse
 
 

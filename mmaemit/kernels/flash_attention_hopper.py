@@ -18,15 +18,13 @@ The two consumers run independently on their own rows, so one's softmax overlaps
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from mmaemit import isa
 from mmaemit.arch import as_arch
-from mmaemit.dtypes import canonical
 from mmaemit.emitters.builder import emit, only_if, ptx, store
-from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
-from mmaemit.kernels.flash_attention import DTYPES, HEAD_DIMS, LN2, LOG2E
+from mmaemit.errors import TileShapeError, UnsupportedConfigError
+from mmaemit.kernels.attention_spec import LN2, LOG2E, check_problem
 from mmaemit.layouts import make_mma_swizzle_layout, mma_fragment
 from mmaemit.layouts.accumulator_operand import accumulator_as_operand
 from mmaemit.pipeline import MbarrierRing, TmaTile, WarpgroupRoles, mbarrier_arrive, mbarrier_expect_tx
@@ -38,11 +36,19 @@ SMEM_LIMIT = 232448
 
 @dataclass(frozen=True)
 class HopperAttentionConfig:
-    """``block_n`` keys per K / V block (a multiple of 64; the wgmma N of ``Q K^T``); register budgets per role."""
+    """``block_n`` keys per K / V block (a multiple of 64; the wgmma N of ``Q K^T``); register budgets per role.
+    ``overlap``: each consumer issues block n's ``Q K^T`` and block n - 1's ``P V`` as one wgmma group, and the two
+    consumers take turns issuing (named barriers), so one's softmax runs while the other's wgmmas do; False: ``Q K^T``,
+    softmax, ``P V`` in sequence per block. ``v_major="mn"``: V goes from TMA straight to wgmma as an N-major B
+    operand (``imm-trans-b`` = 1, LBO = the 64-column panel stride, SBO = 1024 B: PTX ISA canonical MN-major
+    128-byte-swizzle layout) with no transpose; the CPU interpreter does not model N-major operands, so this variant
+    is checked on the GPU only."""
 
     block_n: int = 128
     producer_regs: int = 40
     consumer_regs: int = 232
+    overlap: bool = True      # issue S_n = Q K_n^T and O += P_{n-1} V_{n-1} together, consumers taking turns
+    v_major: str = "k"        # "k": the producer transposes V for a K-major B; "mn": wgmma reads V N-major
 
 
 def default_hopper_config(head_dim) -> HopperAttentionConfig:
@@ -50,8 +56,8 @@ def default_hopper_config(head_dim) -> HopperAttentionConfig:
 
 
 def hopper_smem_bytes(head_dim, config: HopperAttentionConfig) -> int:
-    """Q tile + 2-stage K ring + V staging tile + 2-stage transposed V ring (bytes, barriers excluded)."""
-    return 2 * head_dim * (128 + 5 * config.block_n)
+    """Q tile + 2-stage K ring + V staging tile (v_major "k") + 2-stage V ring (bytes, barriers excluded)."""
+    return 2 * head_dim * (128 + (4 if config.v_major == "mn" else 5) * config.block_n)
 
 
 def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv_heads, head_dim, dtype="float16",
@@ -65,13 +71,7 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
     arch = as_arch(arch or "sm_90a")
     isa.require_feature("wgmma", arch)
     isa.require_feature("cp.async.bulk", arch)
-    dtype = canonical(dtype)
-    if dtype not in DTYPES:
-        raise UnsupportedConfigError(f"attention dtype must be one of {choices(DTYPES)}, not {dtype!r}")
-    if head_dim not in HEAD_DIMS:
-        raise UnsupportedConfigError(f"head_dim must be one of {choices(HEAD_DIMS)}, not {head_dim!r}")
-    if kv_heads < 1 or heads % kv_heads:
-        raise UnsupportedConfigError(f"kv_heads={kv_heads} must divide heads={heads} (GQA / MQA)")
+    dtype, scale = check_problem(dtype, head_dim, heads, kv_heads, softmax_scale)
     cfg = config or default_hopper_config(head_dim)
     D, BN, BM, ST = head_dim, cfg.block_n, 128, 2
     if BN % PANEL or not 64 <= BN <= 256:
@@ -80,9 +80,11 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
         raise UnsupportedConfigError(f"block_n={BN} with head_dim={D} needs {hopper_smem_bytes(D, cfg)} bytes of "
                                      f"shared memory (> {SMEM_LIMIT}); lower block_n")
     roles = WarpgroupRoles(1, 2, cfg.producer_regs, cfg.consumer_regs)
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
-    if not scale > 0:
-        raise UnsupportedConfigError(f"softmax_scale must be positive, not {softmax_scale!r}")
+    OVERLAP = bool(cfg.overlap)
+    if cfg.v_major not in ("k", "mn"):
+        raise UnsupportedConfigError(f"v_major={cfg.v_major!r}; valid: 'k', 'mn'")
+    VMN = cfg.v_major == "mn"
+    V_LBO = BN * 128 // 16 if VMN else 1      # N-major: the stride between 64-column panels (16-byte units)
     SL2 = scale * LOG2E
     H, HK, GROUP = heads, kv_heads, heads // kv_heads
     MB = -(-max_seqlen_q // BM)
@@ -127,24 +129,43 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
         for i in range(n):
             emit(T.ptx.mov.b32(acc[i], acc[i]))
 
-    def qk(S, dq, dk, c, stage):
-        emit(T.ptx.wgmma.fence.sync.aligned())
+    def qk_issue(S, dq, dk, c, stage):
         for k in range(D // 16):
             a = desc_add(dq, (k // 4) * BM * 128 + c * 64 * 128 + (k % 4) * 32)
             b = desc_add(dk, stage * KV_BYTES + (k // 4) * BN * 128 + (k % 4) * 32)
             emit(T.ptx[WG_S](*[S[i] for i in range(NS)], a, b, k > 0, 1, 1, 0, 0))
+
+    def pv_issue(O, P, dv, stage):
+        for ks in range(BN // 16):
+            if VMN:   # V [keys, d] panels as loaded: k-step ks = 16 rows further
+                b = desc_add(dv, stage * KV_BYTES + ks * 16 * 128)
+            else:     # Vt [d, keys] panels of 64 keys
+                b = desc_add(dv, stage * KV_BYTES + (ks // 4) * D * 128 + (ks % 4) * 32)
+            emit(T.ptx[WG_O](*[O[i] for i in range(NO)], *[P[4 * ks + a] for a in range(4)], b, True, 1, 1,
+                             1 if VMN else 0))
+
+    def wgmma_group(issues, pins):
+        """fence, the wgmmas, commit, wait for them, pin their accumulators."""
+        emit(T.ptx.wgmma.fence.sync.aligned())
+        for issue in issues:
+            issue()
         emit(T.ptx.wgmma.commit_group.sync.aligned())
         emit(T.ptx.wgmma.wait_group.sync.aligned(0))
-        pin(S, NS)
+        for acc, n in pins:
+            pin(acc, n)
+
+    def qk(S, dq, dk, c, stage):
+        wgmma_group([lambda: qk_issue(S, dq, dk, c, stage)], [(S, NS)])
 
     def pv(O, P, dv, stage):
-        emit(T.ptx.wgmma.fence.sync.aligned())
-        for ks in range(BN // 16):
-            b = desc_add(dv, stage * KV_BYTES + (ks // 4) * D * 128 + (ks % 4) * 32)
-            emit(T.ptx[WG_O](*[O[i] for i in range(NO)], *[P[4 * ks + a] for a in range(4)], b, True, 1, 1, 0))
-        emit(T.ptx.wgmma.commit_group.sync.aligned())
-        emit(T.ptx.wgmma.wait_group.sync.aligned(0))
-        pin(O, NO)
+        wgmma_group([lambda: pv_issue(O, P, dv, stage)], [(O, NO)])
+
+    def turn_wait(c):
+        """Named barrier 2 + c: this consumer's turn to issue (the other consumer arrived)."""
+        emit(T.ptx.bar.sync(T.Cast("uint32", 2 + c), T.uint32(256)))
+
+    def turn_pass(c):
+        emit(T.ptx.bar.arrive(T.Cast("uint32", 3 - c), T.uint32(256)))
 
     def slot(i, lane):
         """(row slot 0/1, column in the block) of accumulator register i (n8 block i // 4, fragment reg i % 4)."""
@@ -243,7 +264,7 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
         pool = T.SMEMPool()
         Qs = pool.alloc((BM * D,), dtype, align=1024)
         Ks = pool.alloc((ST * BN * D,), dtype, align=1024)
-        Vr = pool.alloc((BN * D,), dtype, align=1024)
+        Vr = pool.alloc((8 if VMN else BN * D,), dtype, align=1024)
         Vt = pool.alloc((ST * BN * D,), dtype, align=1024)
         kbars = ring_k.alloc(pool)  # noqa: F841
         vbars = ring_vt.alloc(pool)  # noqa: F841
@@ -281,16 +302,24 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                         for p in T.unroll(DP):
                             k_map_t.load(Ks.ptr_to([(n % ST) * BN * D + p * BN * PANEL]), k_map,
                                          (k_start + n * BN, hk * D + p * PANEL), ring_k.full_ptr(n))
-                        mbarrier_expect_tx(qv.ptr_to([1]), KV_BYTES)
-                        for p in T.unroll(DP):
-                            k_map_t.load(Vr.ptr_to([p * BN * PANEL]), v_map, (k_start + n * BN, hk * D + p * PANEL),
-                                         qv.ptr_to([1]))
-                    mbarrier_wait(qv.ptr_to([1]), n % 2)        # V block n staged
-                    ring_vt.producer_acquire(n)                 # its transposed stage is free
-                    transpose_v(Vr, Vt, n % ST, tid)
-                    T.ptx.fence.proxy.async_.shared__cta()      # stmatrix writes -> wgmma (async proxy) reads
-                    T.ptx.bar.sync(T.uint32(1), T.uint32(128))  # every producer thread done with Vr and Vt
-                    mbarrier_arrive(ring_vt.full_ptr(n), pred=tid == 0)
+                        if VMN:
+                            ring_vt.producer_acquire(n)
+                            ring_vt.producer_expect(n, KV_BYTES)
+                            for p in T.unroll(DP):
+                                k_map_t.load(Vt.ptr_to([(n % ST) * BN * D + p * BN * PANEL]), v_map,
+                                             (k_start + n * BN, hk * D + p * PANEL), ring_vt.full_ptr(n))
+                        else:
+                            mbarrier_expect_tx(qv.ptr_to([1]), KV_BYTES)
+                            for p in T.unroll(DP):
+                                k_map_t.load(Vr.ptr_to([p * BN * PANEL]), v_map,
+                                             (k_start + n * BN, hk * D + p * PANEL), qv.ptr_to([1]))
+                    if not VMN:
+                        mbarrier_wait(qv.ptr_to([1]), n % 2)        # V block n staged
+                        ring_vt.producer_acquire(n)                 # its transposed stage is free
+                        transpose_v(Vr, Vt, n % ST, tid)
+                        T.ptx.fence.proxy.async_.shared__cta()      # stmatrix writes -> wgmma (async proxy) reads
+                        T.ptx.bar.sync(T.uint32(1), T.uint32(128))  # every producer thread done with Vr and Vt
+                        mbarrier_arrive(ring_vt.full_ptr(n), pred=tid == 0)
             else:
                 roles.consumer_setup()
                 c = T.meta_var(wg - 1)
@@ -307,7 +336,7 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                 dv = T.alloc_local((1,), "uint64")
                 T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dq[0]), Qs.ptr_to([0]), 1, 64, 3)
                 T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dk[0]), Ks.ptr_to([0]), 1, 64, 3)
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dv[0]), Vt.ptr_to([0]), 1, 64, 3)
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(dv[0]), Vt.ptr_to([0]), V_LBO, 64, 3)
                 for r in T.unroll(2):
                     m_i[r] = T.float32(NEG_INF)
                     l_i[r] = T.float32(0)
@@ -315,16 +344,45 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                     Oa[i] = T.float32(0)
                 if nb > 0:
                     mbarrier_wait(qv.ptr_to([0]), 0)
-                for n in T.serial(nb):
-                    ring_k.consumer_wait(n)
-                    qk(S, dq, dk, c, n % ST)
-                    ring_k.consumer_release(n, pred=tid == 0)
-                    if needs_mask(n, q_row0, seq_q, seq_k):
-                        mask(S, lim, tid, q_row0, seq_q, seq_k, n * BN, c)
-                    softmax(S, Oa, P, m_i, l_i, mx, tmp, tid % 32)
-                    ring_vt.consumer_wait(n)
-                    pv(Oa, P, dv, n % ST)
-                    ring_vt.consumer_release(n, pred=tid == 0)
+                if OVERLAP:
+                    if T.And(c == 1, nb > 0):
+                        turn_pass(c)                            # consumer 0 issues first
+                    for n in T.serial(nb):
+                        ring_k.consumer_wait(n)
+                        if n > 0:
+                            ring_vt.consumer_wait(n - 1)
+                        turn_wait(c)
+                        T.ptx.wgmma.fence.sync.aligned()
+                        qk_issue(S, dq, dk, c, n % ST)
+                        if n > 0:
+                            pv_issue(Oa, P, dv, (n - 1) % ST)
+                        T.ptx.wgmma.commit_group.sync.aligned()
+                        if T.Or(c == 0, n + 1 < nb):            # consumer 0 waits exactly nb turns
+                            turn_pass(c)
+                        T.ptx.wgmma.wait_group.sync.aligned(0)
+                        pin(S, NS)
+                        pin(Oa, NO)
+                        ring_k.consumer_release(n, pred=tid == 0)
+                        if n > 0:
+                            ring_vt.consumer_release(n - 1, pred=tid == 0)
+                        if needs_mask(n, q_row0, seq_q, seq_k):
+                            mask(S, lim, tid, q_row0, seq_q, seq_k, n * BN, c)
+                        softmax(S, Oa, P, m_i, l_i, mx, tmp, tid % 32)
+                    if nb > 0:
+                        ring_vt.consumer_wait(nb - 1)
+                        pv(Oa, P, dv, (nb - 1) % ST)
+                        ring_vt.consumer_release(nb - 1, pred=tid == 0)
+                else:
+                    for n in T.serial(nb):
+                        ring_k.consumer_wait(n)
+                        qk(S, dq, dk, c, n % ST)
+                        ring_k.consumer_release(n, pred=tid == 0)
+                        if needs_mask(n, q_row0, seq_q, seq_k):
+                            mask(S, lim, tid, q_row0, seq_q, seq_k, n * BN, c)
+                        softmax(S, Oa, P, m_i, l_i, mx, tmp, tid % 32)
+                        ring_vt.consumer_wait(n)
+                        pv(Oa, P, dv, n % ST)
+                        ring_vt.consumer_release(n, pred=tid == 0)
                 epilogue(Oa, O, LSE, m_i, l_i, tmp, tid, h, q_start, q_row0, seq_q, c)
 
     return flash_attention_hopper, cfg
