@@ -1,5 +1,6 @@
 """FlashAttention forward (mma.sync): the P-in-registers layout fact, the interpreter against float64, SASS on the
 CPU, the torch custom op, and a few GPU checks against torch SDPA."""
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,8 @@ from mmaemit.errors import ArgumentError, LayoutError, TileShapeError, Unsupport
 from mmaemit.interpret import interpret
 from mmaemit.kernels.flash_attention import (AttentionConfig, flash_attention, flash_attention_varlen,
                                              make_flash_attention, reference)
-from mmaemit.kernels.flash_attention_hopper import HopperAttentionConfig, make_flash_attention_hopper
+from mmaemit.kernels.flash_attention_hopper import (HopperAttentionConfig, default_hopper_config,
+                                                    make_flash_attention_hopper)
 from mmaemit.layouts import mma_fragment
 from mmaemit.layouts.accumulator_operand import AccumulatorAsOperand, accumulator_as_operand
 
@@ -105,14 +107,16 @@ HOPPER_CASES = [  # dtype, D, causal, lens_q, lens_k, heads, kv_heads
 ]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("dtype, D, causal, lens_q, lens_k, H, HK", HOPPER_CASES)
-def test_hopper_kernel_on_the_interpreter_matches_float64(dtype, D, causal, lens_q, lens_k, H, HK):
-    report, o, lse, ro, rl = _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, hopper=True)
+def test_hopper_kernel_on_the_interpreter_matches_float64(dtype, D, causal, lens_q, lens_k, H, HK, overlap):
+    cfg = dataclasses.replace(default_hopper_config(D), overlap=overlap)
+    report, o, lse, ro, rl = _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, config=cfg, hopper=True)
     _check(report, o, lse, ro, rl, dtype)
 
 
-def test_hopper_kernel_without_overlap_on_the_interpreter():
-    cfg = HopperAttentionConfig(block_n=64, overlap=False)
+def test_hopper_kernel_with_overlap_on_the_interpreter():
+    cfg = HopperAttentionConfig(block_n=64, overlap=True)
     report, o, lse, ro, rl = _interpret_case("float16", 64, True, [150, 40], [150, 100], 2, 1, config=cfg, hopper=True)
     _check(report, o, lse, ro, rl, "float16")
 
@@ -196,15 +200,16 @@ def test_sass_has_no_spills_and_uses_hmma(arch, D, causal):
     assert "LDSM.16.MT88.4" in kernel.sass(arch)               # V through ldmatrix.trans
 
 
-@pytest.mark.parametrize("D, causal", [(128, False), (256, True)])
-def test_hopper_sass_has_no_spills_and_uses_hgmma(D, causal):
-    func, cfg = make_flash_attention_hopper(2, 1024, 2048, 2048, 8, 8, D, "float16", causal)
+@pytest.mark.parametrize("D, causal, overlap", [(128, False, False), (256, True, False), (128, True, True)])
+def test_hopper_sass_has_no_spills_and_uses_hgmma(D, causal, overlap):
+    cfg = dataclasses.replace(default_hopper_config(D), overlap=overlap)
+    func, cfg = make_flash_attention_hopper(2, 1024, 2048, 2048, 8, 8, D, "float16", causal, config=cfg)
     kernel = mmaemit.compile(func, target="sm_90a")
     usage = kernel.resource_usage("sm_90a")
     assert usage.spill_bytes == 0 and usage.stack_frame_bytes == 0, usage
     mix = kernel.instruction_mix("sm_90a")
-    # Q K^T k-steps + P V k-steps in the loop + the last block's P V after it (overlap: P V of block n - 1 in trip n)
-    assert mix["HGMMA"] >= D // 16 + 2 * (cfg.block_n // 16), mix
+    # Q K^T k-steps + P V k-steps per block (overlap: P V of block n - 1 in trip n, and the last block's after the loop)
+    assert mix["HGMMA"] >= D // 16 + (2 if overlap else 1) * (cfg.block_n // 16), mix
     assert mix.get("HMMA", 0) == 0 and mix["LDSM"] > 0 and mix["STSM"] > 0, mix   # V transposed by the producer
     sass = kernel.sass("sm_90a")
     assert "UTMALDG.2D" in sass and "SYNCS" in sass
