@@ -297,3 +297,27 @@ def test_gpu_custom_op_under_torch_compile():
     o, lse = f(q, k, v)
     ro, rl = _sdpa_fp32(q, k, v, False)
     assert (o.float() - ro).abs().max().item() < 4e-3 and (lse - rl).abs().max().item() < 2e-3
+
+
+def test_benchmark_reference_rows_and_configs():
+    """The benchmark's correctness check (float32 math on a few query rows) agrees with the float64 reference, and
+    its ablation columns name valid configurations."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 48, 4, 64, generator=g)
+    k, v = (torch.randn(1, 48, 2, 64, generator=g) for _ in range(2))
+    for causal in (False, True):
+        idx, ro, rl = bench.rows_reference(q, k, v, causal, rows=8)
+        RO, RL = reference(q, k, v, causal)
+        assert (RO[0, idx, :2] - ro).abs().max() < 1e-5 and (RL[0, :2][:, idx] - rl).abs().max() < 1e-5
+    for name in bench.ABLATIONS:
+        for D in (64, 128, 256):
+            cfg = bench.impl_config(name, D)
+            builder = make_flash_attention if bench.IMPLS[name] == "mma_sync" else make_flash_attention_hopper
+            builder(1, 128, 128, 128, 2, 2, D, "float16", False, None, cfg, "sm_90a")   # parses: a valid config
