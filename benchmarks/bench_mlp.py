@@ -4,8 +4,9 @@ MLP: gate / up 4096 -> 14336, SiLU gating, down 14336 -> 4096. Attention project
 k / v 4096 -> 1024 (GQA, 8 KV heads). Random weights (std 0.02), quantized round-to-nearest int4 with group 128
 (``QuantLinear.from_linear``). Correctness first, at every M: the quantized block against (a) the same block on the
 exactly dequantized weights in fp32 (the kernels' own error: tight) and (b) the fp16 module (quantization error
-included: reported). Then CUDA-event medians of the whole block (``mmaemit.runtime.timing.median_time``; the
-block's weights exceed the 50 MB L2, so no rotation is needed) for both.
+included: reported). Then both blocks are captured in CUDA graphs and timed by CUDA-event medians of the replays
+(``mmaemit.runtime.timing.median_time``; GPU time without Python overhead; the blocks' weights exceed the 50 MB L2,
+so no rotation).
 
     PYTHONPATH=. python3 benchmarks/bench_mlp.py [--ms 1 16 64 256 2048] [--dtype float16] [--out bench-results]
 """
@@ -59,9 +60,27 @@ def exact_twin(block, dtype):
     for name, m in block.named_children():
         lin = torch.nn.Linear(m.in_features, m.out_features, bias=False, device="cuda", dtype=torch.float32)
         with torch.no_grad():
-            lin.weight.copy_(m.dequantized_weight())
+            lin.weight.copy_(m.dequantized_weight().cuda())
         mods[name] = lin
     return type(block)(**mods)
+
+
+def graph_time(block, x):
+    """µs per call of ``block(x)`` captured in a CUDA graph (GPU time: no Python / op-dispatch overhead on either
+    side), CUDA-event median of graph replays."""
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            block(x)
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            block(x)
+    t = median_time(graph.replay) * 1e6
+    del graph
+    return t
 
 
 def rel(a, b):
@@ -87,7 +106,7 @@ def main(argv=None):
                        linear(HIDDEN, KV, dtype, gen), linear(HIDDEN, HIDDEN, dtype, gen))}
     lines = header_lines(environment(), "python3 benchmarks/bench_mlp.py " + " ".join(argv or sys.argv[1:]))
     lines += ["", f"int4 g128 QuantLinear (mmaemit DequantGemm) vs the {args.dtype} module (cuBLAS via torch), "
-              f"same run; µs = CUDA-event median of the whole block", "",
+              f"same run; µs = CUDA-event median of CUDA-graph replays of the whole block", "",
               "| block | M | mmaemit µs | fp16 module µs | speedup | rel err vs exact dequant | rel err vs fp16 module |",
               "|---|---|---|---|---|---|---|"]
     failed = False
@@ -111,8 +130,8 @@ def main(argv=None):
                 and e_fp < 0.2
             failed |= not ok
             with torch.no_grad():
-                tq = median_time(lambda: q(x)) * 1e6
-                tf = median_time(lambda: block(x)) * 1e6
+                tq = graph_time(q, x)
+                tf = graph_time(block, x)
             row = (f"| {name} | {M} | {tq:.1f} | {tf:.1f} | {tf / tq:.2f}x | {e_exact:.1e} | {e_fp:.1e}"
                    f"{'' if ok else ' WRONG'} |")
             print(row + f"  (first call incl. compile {first:.1f} s)", flush=True)

@@ -138,9 +138,13 @@ def main(argv=None) -> int:
         return 2
     failures = 0
     for n in names:
-        ok = CASES[n]()
-        torch.cuda.synchronize()
-        print(f"{n}: {'PASS' if ok else 'FAIL'}", flush=True)
+        try:
+            ok = CASES[n]()
+            torch.cuda.synchronize()
+            why = ""
+        except Exception as e:  # noqa: BLE001 - report and go on to the next case
+            ok, why = False, f" ({type(e).__name__}: {e})"
+        print(f"{n}: {'PASS' if ok else 'FAIL'}{why}", flush=True)
         failures += not ok
     return 1 if failures else 0
 

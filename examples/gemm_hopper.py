@@ -62,6 +62,6 @@ if __name__ == "__main__":
         mmaemit.compile(gemm)(A, B, C)        # C = A @ B.T on the H100
     else:                                     # no H100: the interpreter runs the same kernel with PTX semantics
         mmaemit.interpret(gemm, A, B, C)
-    err = (C.float().cpu() - A.float() @ B.float().T).abs().max().item()
+    err = (C.float() - A.float() @ B.float().T).abs().max().item()
     print(f"max |error| vs float32 = {err:.3g}")
     assert err < 0.5

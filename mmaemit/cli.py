@@ -4,7 +4,7 @@
   check it against a float32 torch reference and time it beside ``torch.matmul``. Without a GPU: build it for sm_80
   and sm_90a, print the SASS instruction mix, and check it numerically through the CPU interpreter when available.
   Exit code 0 only if every check passes.
-* ``mmaemit table``: the mma.sync instruction table (Markdown, generated from ``mmaemit.isa``).
+* ``mmaemit table``: the mma.sync and wgmma instruction tables (Markdown, generated from ``mmaemit.isa``).
 * ``mmaemit bench gemm|int8|fp8|dequant [...]``: check and time mmaemit's kernels (default and autotuned
   configurations) beside their torch peers; print a table, write ``<out>/<suite>.md``, ``.csv`` and ``.png``. Needs a
   GPU (``--dry-run`` exercises the report with made-up timings).
@@ -24,6 +24,8 @@ def _cmd_table(args) -> int:
     from . import isa
 
     print(isa.markdown_table())
+    print()
+    print(isa.wgmma_markdown_table())
     return 0
 
 
@@ -301,7 +303,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=4096, help="M = N = K on the GPU (multiple of 128)")
     p.add_argument("--cpu", action="store_true", help="the no-GPU path even where a GPU is visible")
     p.set_defaults(func=_cmd_demo)
-    p = sub.add_parser("table", help="print the mma.sync instruction table")
+    p = sub.add_parser("table", help="print the mma.sync and wgmma instruction tables")
     p.set_defaults(func=_cmd_table)
     _add_bench_parser(sub)
     _add_layout_parser(sub)

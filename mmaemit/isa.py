@@ -415,3 +415,15 @@ def markdown_table() -> str:
         rows.append(f"| {e.shape_name} | {e.a_dtype} | {e.b_dtype} | {e.accum_dtype} | `{e.ptx()}` | {e.min_arch} | "
                     f"{e.a_regs}/{e.b_regs}/{e.c_regs} | {e.note} |")
     return "\n".join(rows)
+
+
+def wgmma_markdown_table() -> str:
+    """``WGMMA_TABLE`` as Markdown."""
+    rows = ["| shape | A | B | accumulate | N | majors | RS | .satfinite | min arch |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for e in WGMMA_TABLE:
+        ns = e.n_values
+        n = "8..256 step 8" if ns == WGMMA_N_FLOAT else ", ".join(map(str, ns))
+        rows.append(f"| m64nNk{e.k} | {e.a_dtype} | {e.b_dtype} | {e.accum_dtype} | {n} | {'/'.join(e.majors)} | "
+                    f"{'yes' if e.rs else 'no'} | {'yes' if e.satfinite else 'no'} | {e.min_arch} |")
+    return "\n".join(rows)

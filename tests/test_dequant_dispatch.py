@@ -10,12 +10,13 @@ from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
 from mmaemit.errors import ArgumentError, TileShapeError
 from mmaemit.kernels.dequant_dense import make_dequant_to_dense
-from mmaemit.kernels.dequant_dispatch import LARGE_M, DequantGemm
+from mmaemit.kernels.dequant_dispatch import LARGE_M, WIDE_M, DequantGemm
 from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
 from mmaemit.kernels.gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
 N, K = 128, 512
 SMALL_HOPPER = HopperGemmConfig(block_n=64, consumers=2, stages=2, num_sms=2, epilogue_boxes=1)
+SMALL_HOPPER_MID = HopperGemmConfig(block_n=64, consumers=1, stages=2, num_sms=3, epilogue_boxes=1)
 SMALL_GEMV = GemvConfig(n_blocks=2, k_slices=2, stages=3)
 
 
@@ -112,28 +113,32 @@ def _hopper():
 @functools.lru_cache(maxsize=None)
 def _dispatcher(large_m=90):
     _, _, kw = _weights()
-    return DequantGemm(N, K, interpret=True, large_m=large_m, arch="sm_90a",
-                       configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER}, **kw)
+    return DequantGemm(N, K, interpret=True, large_m=large_m, wide_m=100, arch="sm_90a",
+                       configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER,
+                                "hopper_mid": SMALL_HOPPER_MID}, **kw)
 
 
 def test_dispatcher_plan():
     dg = _dispatcher()
     assert [(p, lo, hi) for p, lo, hi in dg.ranges] == [("gemv8", 1, 8), ("gemv16", 9, 16), ("tiled64", 17, 64),
-                                                        ("tiled128", 65, 89), ("dense", 90, None)]
-    assert [dg.path_for(m) for m in (1, 8, 9, 17, 64, 65, 89, 90, 4096)] == [
-        "gemv8", "gemv8", "gemv16", "tiled64", "tiled64", "tiled128", "tiled128", "dense", "dense"]
+                                                        ("tiled128", 65, 89), ("dense_mid", 90, 99),
+                                                        ("dense", 100, None)]
+    assert [dg.path_for(m) for m in (1, 8, 9, 17, 64, 65, 89, 90, 99, 100, 4096)] == [
+        "gemv8", "gemv8", "gemv16", "tiled64", "tiled64", "tiled128", "tiled128", "dense_mid", "dense_mid", "dense",
+        "dense"]
     _, _, kw = _weights()
     plain = DequantGemm(N, K, arch="sm_80", **kw)            # no Hopper: the tiled path serves every M above 16
     assert plain.ranges[-1] == ("tiled128", 65, None) and plain.large_m is None
-    assert DequantGemm(8192, 8192, arch="sm_90a").ranges[-1] == ("dense", LARGE_M, None)
-    narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, interpret=True, **kw)   # N=64: no 128-wide tiles
+    assert DequantGemm(8192, 8192, arch="sm_90a").ranges[-2:] == [("dense_mid", LARGE_M, WIDE_M - 1),
+                                                                  ("dense", WIDE_M, None)]
+    narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, wide_m=256, interpret=True, **kw)   # N=64
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
     assert narrow.ranges[2] == ("tiled64", 17, 255)
     with pytest.raises(ArgumentError, match="A must be a 2-D"):
         _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])
 
 
-@pytest.mark.parametrize("M", [1, 12, 33, 70, 100])
+@pytest.mark.parametrize("M", [1, 12, 33, 70, 95, 100])
 def test_dispatcher_routes_ragged_m_on_the_interpreter(M):
     dg = _dispatcher()
     qw, tensors, _ = _weights()
@@ -146,7 +151,8 @@ def test_dispatcher_routes_ragged_m_on_the_interpreter(M):
 @functools.lru_cache(maxsize=None)
 def _gpu_problem(n, k, dtype):
     qw, tensors, kw = _weights("int4", dtype, None, n=n, k=k, seed=3)
-    return qw.dequantize().to(dtype).cuda(), [t.cuda() for t in tensors], DequantGemm(n, k, **kw).warmup()
+    return (qw.dequantize().to(dtype).cuda(), [t.cuda() for t in tensors],
+            DequantGemm(n, k, dtype=str(dtype).replace("torch.", ""), **kw).warmup())
 
 
 @pytest.mark.gpu

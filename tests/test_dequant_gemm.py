@@ -1,4 +1,6 @@
 """W4A16 small-M dequant GEMV: interpreter check on the CPU, SASS shape, GPU correctness over M and group sizes."""
+import itertools
+
 import pytest
 import torch
 
@@ -72,14 +74,20 @@ def test_gemv_rejects_bad_shapes():
         make_dequant_gemv(1, 256, 4096, group_size=32)
 
 
+GEMV_GPU_CONFIGS = [GemvConfig(), GemvConfig(n_blocks=4, k_slices=16, stages=3, min_blocks_per_sm=1),
+                    GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1), GemvConfig(decode_variant="marlin")]
+
+
+def _rotate(*axes, rotated):
+    """Every combination of ``axes`` once, with the values of each ``rotated`` axis taken in turn (a GPU subset that
+    still reaches every value of every axis; the full products run on the CPU interpreter)."""
+    return [(*combo, *(r[i % len(r)] for r in rotated)) for i, combo in enumerate(itertools.product(*axes))]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 3, 8, 9, 16])
-@pytest.mark.parametrize("group", [64, 128, -1])
-@pytest.mark.parametrize("config", [GemvConfig(), GemvConfig(n_blocks=4, k_slices=16, stages=3, min_blocks_per_sm=1),
-                                    GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1),
-                                    GemvConfig(decode_variant="marlin")])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gemv_matches_reference_on_gpu(M, group, config, dtype):
+@pytest.mark.parametrize("config, dtype, twice, M, group", _rotate(
+    GEMV_GPU_CONFIGS, [torch.float16, torch.bfloat16], [0, 1], rotated=([1, 3, 8, 9, 16], [64, 128, -1])))
+def test_gemv_matches_reference_on_gpu(config, dtype, twice, M, group):
     if config.decode_variant == "marlin" and dtype == torch.bfloat16:
         pytest.skip("Marlin's decode is fp16-only (its bf16 request is refused: test_marlin_variant_never_degrades)")
     N, K = 512, 4096
@@ -120,10 +128,9 @@ def test_dispatch_by_m_uses_one_layout():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 16, 128, 1024, 333])
-@pytest.mark.parametrize("group", [64, 128, -1])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_dequant_gemm_every_m_on_gpu(M, group, dtype):
+@pytest.mark.parametrize("M, dtype, group", _rotate([1, 16, 128, 1024, 333], [torch.float16, torch.bfloat16],
+                                                    rotated=([64, 128, -1],)))
+def test_dequant_gemm_every_m_on_gpu(M, dtype, group):
     N, K = 512, 2048
     (A, Wk, S), ref = _problem(M, N, K, group, device="cuda", seed=M + 7, dtype=dtype)
     func, _ = make_dequant_gemm(M, N, K, group, dtype=str(dtype)[6:])
@@ -188,11 +195,10 @@ def test_bad_weight_format_and_zero_mode_combinations():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 16, 128, 1024])
-@pytest.mark.parametrize("mode", ["original", "rescale", "quantized"])
-@pytest.mark.parametrize("group", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_uint4_zero_modes_on_gpu(M, mode, group, dtype):
+@pytest.mark.parametrize("mode, dtype, twice, M, group", _rotate(
+    ["original", "rescale", "quantized"], [torch.float16, torch.bfloat16], [0, 1], rotated=([1, 16, 128, 1024],
+                                                                                            [64, 128])))
+def test_uint4_zero_modes_on_gpu(mode, dtype, twice, M, group):
     N, K = 512, 2048
     args, ref = _problem_zeros(M, N, K, group, mode, dtype, device="cuda", seed=M)
     func, _ = make_dequant_gemm(M, N, K, group, str(dtype)[6:], weight_format="uint4", zeros_mode=mode)
@@ -220,12 +226,10 @@ def test_float4_formats_on_the_interpreter(fmt, M, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["nf4", "float4_e2m1fn", "uint4"])
-@pytest.mark.parametrize("M", [1, 16, 128])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt, M, dtype", _rotate(["nf4", "float4_e2m1fn"], [1, 16, 128],
+                                                  rotated=([torch.float16, torch.bfloat16],)))
 def test_float4_formats_on_gpu(fmt, M, dtype):
-    if fmt == "uint4":
-        pytest.skip("uint4 needs zero points: covered by test_uint4_zero_modes_on_gpu")
+    # uint4 needs zero points: covered by test_uint4_zero_modes_on_gpu
     N, K = 512, 2048
     (A, Wk, S), ref = _problem(M, N, K, 128, device="cuda", seed=M, dtype=dtype, fmt=fmt)
     func, _ = make_dequant_gemm(M, N, K, 128, str(dtype)[6:], weight_format=fmt)

@@ -80,8 +80,17 @@ def test_scheduler_visits_every_tile_once(gm, gn, workers, panel, cl):
 def test_hopper_gemm_errors():
     with pytest.raises(ArchError, match="sm_90a"):
         make_gemm_hopper(256, 256, 256, arch="sm_90")
-    with pytest.raises(UnsupportedConfigError, match="K-contiguous"):
-        make_gemm_hopper(256, 256, 256, trans_b=False)
+    with pytest.raises(UnsupportedConfigError, match="K-major only.*float16 / bfloat16"):
+        make_gemm_hopper(256, 256, 256, "int8", trans_b=False)
+    with pytest.raises(UnsupportedConfigError, match="K-major only"):
+        make_gemm_hopper(256, 256, 256, "float8_e4m3fn", trans_a=True)
+    with pytest.raises(UnsupportedConfigError, match="static M"):
+        make_gemm_hopper(None, 256, 256, trans_a=True)
+    with pytest.raises(TileShapeError, match="16 bytes"):
+        make_gemm_hopper(100, 256, 256, trans_a=True)              # A [K, M] rows of 200 bytes
+    with pytest.raises(TileShapeError, match="multiple of 64 columns"):
+        make_gemm_hopper(256, 256, 256, trans_b=False, config=HopperGemmConfig(block_n=192, cluster_m=2,
+                                                                               epilogue_boxes=1))
     with pytest.raises(UnsupportedConfigError, match="valid"):
         make_gemm_hopper(256, 256, 256, "float32")
     with pytest.raises(UnsupportedConfigError, match="int32"):
@@ -126,6 +135,49 @@ def test_hopper_gemm_sass(dtype, out):
     log = k.cubin("sm_90a").ptxas_log
     assert "C7514" not in log and "C7508" not in log, log      # no serialized wgmma, setmaxnreg honoured
     assert "USETMAXREG" in k.sass("sm_90a")
+
+
+@pytest.mark.parametrize("ta, tb", [(True, True), (False, False), (True, False)])
+def test_hopper_gemm_mn_major_sass(ta, tb):
+    """M/N-contiguous 16-bit operands: one TMA box per 64-column atom (A: 2, B: 4 per stage), the same 4 HGMMA per K
+    block issued back to back, no spills."""
+    func, _ = make_gemm_hopper(4096, 4096, 4096, "float16", trans_a=ta, trans_b=tb,
+                               config=HopperGemmConfig(num_sms=132))
+    k = mmaemit.compile(func, target="sm_90a")
+    hist = k.opcode_histogram("sm_90a")
+    assert hist.get("HGMMA.64x256x16.F32", 0) == 4 and hist.get("WARPGROUP.ARRIVE", 0) == 1, hist
+    assert hist.get("UTMALDG.2D", 0) == (2 if ta else 1) + (1 if tb else 4), hist
+    usage = k.resource_usage("sm_90a")
+    assert usage.spill_store_bytes == usage.spill_load_bytes == 0
+    log = k.cubin("sm_90a").ptxas_log
+    assert "C7514" not in log and "C7508" not in log, log
+    # the instruction's immediates (scale-a, scale-b, trans-a, trans-b) carry the majors
+    assert f"m64n256k16_f32_f16_f16_1_1_{int(ta)}_{int(not tb)}(" in k.cuda_source
+
+
+@pytest.mark.parametrize("dt, out, ta, tb, shape", [
+    ("float16", "float32", True, True, (200, 136, 200)),          # ragged M, N, K: TMA bounds in every major
+    ("bfloat16", "bfloat16", False, False, (128, 200, 136)),
+    ("float16", "float16", True, False, (136, 128, 72)),
+])
+def test_hopper_gemm_mn_major_on_the_interpreter(dt, out, ta, tb, shape):
+    import ml_dtypes
+
+    M, N, K = shape
+    npdt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+    rng = np.random.default_rng(M + N)
+    A = rng.standard_normal((M, K)).astype(npdt[dt])
+    B = rng.standard_normal((N, K)).astype(npdt[dt])
+    func, _ = make_gemm_hopper(M, N, K, dt, out, trans_a=ta, trans_b=tb,
+                               config=HopperGemmConfig(block_n=64, stages=2, num_sms=2, epilogue_boxes=1))
+    C = np.full((M, N), np.nan, npdt[out])
+    report = mmaemit.interpret(func, np.ascontiguousarray(A.T) if ta else A, B if tb else np.ascontiguousarray(B.T), C)
+    assert report.ok, report.summary()
+    ref = A.astype(np.float64) @ B.astype(np.float64).T
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 8e-3}[out]
+    got = C.astype(np.float64)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------------------
@@ -182,6 +234,25 @@ def test_hopper_gemm_gpu(M, N, K, dtype, out, cfg):
     assert torch.equal(C, C2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, dtype, ta, tb, cfg", [
+    (1000, 1000, 1000, "float16", True, False, HopperGemmConfig()),                  # ragged, both MN-major
+    (1024, 768, 2048, "bfloat16", False, False, HopperGemmConfig(cluster_m=2)),      # B [K, N] multicast
+])
+def test_hopper_gemm_mn_major_gpu(M, N, K, dtype, ta, tb, cfg):
+    import torch
+
+    func, _ = make_gemm_hopper(M, N, K, dtype, trans_a=ta, trans_b=tb, config=cfg)
+    kernel = mmaemit.compile(func)
+    A, B = _inputs(M, N, K, dtype, seed=M + K)
+    C = torch.full((M, N), float("nan"), device="cuda", dtype=getattr(torch, dtype))
+    kernel(A.T.contiguous() if ta else A, B if tb else B.T.contiguous(), C)
+    ref = A.double() @ B.double().T
+    assert not torch.isnan(C).any()
+    rel = ((C.double() - ref).norm() / ref.norm()).item()
+    assert rel < (3e-3 if dtype == "bfloat16" else 1e-3), rel
+
+
 # ---- CpAsyncTile (sm_80 counterpart) -----------------------------------------------------------------------------
 def test_cp_async_tile_errors():
     from mmaemit.pipeline import CpAsyncTile
@@ -232,3 +303,32 @@ def test_cp_async_tile_zero_fills_outside_the_tensor_on_the_interpreter():
     want[0] = A[:BM, :BK]
     want[1, :M - BM, :K - BK] = A[BM:, BK:]
     np.testing.assert_array_equal(O, want)
+
+
+def test_mn_major_tma_box_that_disagrees_with_the_descriptor_is_reported(monkeypatch):
+    """The interpreter's TMA-box / descriptor cross-check covers MN-major operands: B [K, N] loaded without the
+    swizzle its wgmma descriptor reads is a ``tma_layout_mismatch`` naming the K row."""
+    import mmaemit.kernels.gemm_hopper as GH
+    from mmaemit.interpret import TmaLayoutError
+
+    real = GH.TmaTile
+    M, N, K = 128, 64, 128
+
+    class UnswizzledB(real):
+        @classmethod
+        def for_layout(cls, global_shape, layout, **kw):
+            t = real.for_layout(global_shape, layout, **kw)
+            if tuple(global_shape) == (K, N):
+                return real(t.global_shape, t.dtype, t.box, 0, multicast=t.multicast)
+            return t
+
+    cfg = HopperGemmConfig(block_n=64, stages=2, num_sms=1, epilogue_boxes=1)
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((M, K)).astype(np.float16)
+    B = rng.standard_normal((K, N)).astype(np.float16)
+    good, _ = make_gemm_hopper(M, N, K, "float16", "float32", trans_b=False, config=cfg)
+    assert mmaemit.interpret(good, A, B, np.zeros((M, N), np.float32)).ok
+    monkeypatch.setattr(GH, "TmaTile", UnswizzledB)
+    bad, _ = make_gemm_hopper(M, N, K, "float16", "float32", trans_b=False, config=cfg)
+    with pytest.raises(TmaLayoutError, match=r"B descriptor \(128-byte swizzle.*reads its K row"):
+        mmaemit.interpret(bad, A, B, np.zeros((M, N), np.float32))

@@ -25,6 +25,9 @@ def test_wgmma_table_facts():
     assert e.accum_regs(224) == 112
     f = isa.select_wgmma("float8_e4m3fn", "float8_e5m2", "float16")
     assert f.ptx(256) == "wgmma.mma_async.sync.aligned.m64n256k32.f16.e4m3.e5m2" and f.accum_regs(256) == 64
+    md = isa.wgmma_markdown_table().splitlines()
+    assert len(md) == 2 + len(isa.WGMMA_TABLE)
+    assert "| m64nNk16 | float16 | float16 | float32 | 8..256 step 8 | K/MN |" in md[2]
 
 
 def test_wgmma_table_errors():
@@ -451,6 +454,10 @@ def test_emitter_on_gpu(a, b, acc, n, kw):
     got = C.double().cpu().numpy()
     if acc == "int32":
         assert np.array_equal(got, ref)
+    elif a.startswith("float8"):
+        # the H100's fp8 wgmma does not accumulate to full f32 precision (measured 2026-11-26 on this case: max
+        # error 1.8e-3 at |C| = 11.56, about 2^-13 relative; the interpreter's exact-product model is 1e-7 away)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
     else:
         tol = 2e-3 if acc == "float16" else 1e-5
         np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())

@@ -29,10 +29,11 @@ BitBLAS (``bitblas.Matmul`` weight, NonTransform layout, int8 storage):
 * ``source_format`` "uint" -> uint{b} (codes 0 .. 2^b - 1; for b = 8 that is what "uint" means, but BitBLAS itself
   stores uint8 codes as int8 bytes and its TIR reference and kernels decode them with a plain signed cast, so codes
   128 .. 255 come out as code - 256: ``uint8_signed_cast=True`` imports that reading instead, as format int8, and then
-  reproduces BitBLAS's numbers; it takes no zeros, which mmaemit defines for unsigned formats only); "int" -> two's complement int8 for b = 8, offset binary int{b}_ob for b = 2, 4
-  (BitBLAS stores ``v + 2^(b-1)``), int1 for b = 1 (the {-1, +1} meaning of BitBLAS's LOP3 path and docs; its TIR
-  reference reads {0, -1} instead); "nf" -> nf4; "fp" (b = 4) -> OCP float4_e2m1fn (the codes' intended meaning;
-  BitBLAS's own decode reads them as sign + 3-bit exponent, a bug); "fp_e4m3" / "fp_e5m2" -> float8.
+  reproduces BitBLAS's numbers; it takes no zeros, which mmaemit defines for unsigned formats only); "int" -> two's
+  complement int8 for b = 8, offset binary int{b}_ob for b = 2, 4 (BitBLAS stores ``v + 2^(b-1)``), int1 for b = 1
+  (the {-1, +1} meaning of BitBLAS's LOP3 path and docs; its TIR reference reads {0, -1} instead); "nf" -> nf4;
+  "fp" (b = 4) -> OCP float4_e2m1fn (the codes' intended meaning; BitBLAS's own decode reads them as sign + 3-bit
+  exponent, a bug); "fp_e4m3" / "fp_e5m2" -> float8.
 * ``scales`` [N, G]; ``zeros`` [N, G] float ("original", "rescale") or int8 [G, N*b/8] packed along N
   ("quantized", the zero itself, GPTQ's +1 already applied by BitBLAS's repack). Zeros only with "uint".
 * ``lop3_interleaved=True`` undoes BitBLAS's fp16 LOP3 permutation per 32-bit word (4 bytes along K): 4-bit element

@@ -272,6 +272,8 @@ class WgmmaIntrinEmitter:
                 raise UnsupportedConfigError(f"{name}={v!r}; valid: 1, -1")
             if v == -1 and ins.is_integer:
                 raise UnsupportedConfigError(f"{name}=-1: integer wgmma has no operand negation; valid: 1")
+        if isinstance(scale_d, bool):
+            scale_d = T.bool(scale_d)          # a predicate constant (a Python bool would lower as an integer)
         base = n_tile * self.accum_regs
         d = [acc[base + r] for r in range(self.accum_regs)]
         if self.form == "rs":

@@ -24,8 +24,7 @@ Diagnostics (errors unless stated otherwise):
 Supported: every dense wgmma type in the RS and SS forms (``.f32`` / ``.f16`` accumulators of f16 / bf16, tf32 and
 e4m3 / e5m2 operands, ``.s32{.satfinite}`` of s8 / u8), operands from shared memory in the K-major canonical layouts
 and, for f16 / bf16 (``imm-trans-a/b`` = 1), the MN-major ones (no swizzle, 32-, 64-, 128-byte swizzle) with base
-offset 0. b1 is refused with ``UnsupportedConfigError``. The TMA-box cross-check (``tma_layout_mismatch``) covers
-K-major operands.
+offset 0. b1 is refused with ``UnsupportedConfigError``.
 """
 from __future__ import annotations
 
@@ -204,10 +203,12 @@ def _uniform(st, site, vals, t, what):
     return v[0]
 
 
-def _check_tma_layout(st, site, d, addr, rows, t, what, operand):
+def _check_tma_layout(st, site, d, addr, rows, t, what, operand, mn_major=False):
     """When TMA loads (one tensor map) wrote every chunk the descriptor reads, the chunks must hold consecutive K
     bytes of consecutive rows of the tensor: global offset = origin + row * pitch + 16 * chunk. A swizzle or box the
-    descriptor does not assume breaks that (``tma_layout_mismatch``)."""
+    descriptor does not assume breaks that (``tma_layout_mismatch``). MN-major (``mn_major``): ``rows`` are the K
+    rows of a [K, M / N] tensor and the chunks run along M / N (over every 64-column box, which lie side by side in
+    the tensor), so the same rule holds."""
     smem = st.smem
     inside = (addr >= 0) & (addr + 16 <= smem.nbytes)
     if not inside.all():
@@ -224,12 +225,14 @@ def _check_tma_layout(st, site, d, addr, rows, t, what, operand):
         return
     r, j = (int(x) for x in np.argwhere(bad)[0])
     tm = st.units["tma_maps"][int(maps[0])]
+    row, along = ("K row", "M/N bytes") if mn_major else ("row", "K bytes")
+    at = int(addr[r * o.shape[1] + j])
     st.rec.fault(st, "tma_layout_mismatch", site,
                  f"{what}: the {operand} descriptor ({d.swizzle_bytes or 'no'}-byte swizzle, LBO {d.lbo}, SBO {d.sbo}) "
-                 f"reads its row {r}, K bytes {16 * j}..{16 * j + 15} at shared byte {int(addr[r * o.shape[1] + j])}, "
-                 f"where the TMA load put global byte {int(o[r, j])} of the tensor, not {int(want[r, j])} (rows "
-                 f"{pitch} bytes apart, as rows 0 and 1 are): the box / swizzle of {tm.describe()} disagrees with the "
-                 f"layout the descriptor assumes", thread=int(t[0]), buffer="shared", index=int(addr[r * o.shape[1] + j]))
+                 f"reads its {row} {r}, {along} {16 * j}..{16 * j + 15} at shared byte {at}, where the TMA load put "
+                 f"global byte {int(o[r, j])} of the tensor, not {int(want[r, j])} (rows {pitch} bytes apart, as rows "
+                 f"0 and 1 are): the box / swizzle of {tm.describe()} disagrees with the layout the descriptor assumes",
+                 thread=int(t[0]), buffer="shared", index=at)
 
 
 def _read_matrix(st, site, desc_bits, t, rows, what, operand, ebits=16, mn_major=False):
@@ -251,8 +254,7 @@ def _read_matrix(st, site, desc_bits, t, rows, what, operand, ebits=16, mn_major
     else:
         addr = W.kmajor_chunk_addresses(d, rows).reshape(-1)      # (rows * 2,)
     smem = st.smem
-    if not mn_major:             # the TMA cross-check knows K-major row pitches only
-        _check_tma_layout(st, site, d, addr, rows, t, what, operand)
+    _check_tma_layout(st, site, d, addr, kbytes * 8 // ebits if mn_major else rows, t, what, operand, mn_major)
     bad = (addr < 0) | (addr + 16 > smem.nbytes)
     if bad.any():
         k = int(np.argmax(bad))

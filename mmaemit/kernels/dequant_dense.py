@@ -11,7 +11,9 @@ words with ``decode_program(..., mode="scale")`` (or the zeros mode) into the 16
 (word u -> registers [u R, (u + 1) R), the decode-slice rule of :mod:`mmaemit.dequant.kernel_layout`), and stores
 them: by the kernel layout's K permutation (real k = 16 c + 4 s + 2 h + e for logical k' = 16 s + 8 h + 2 c + e),
 lane (g, c)'s registers of rows g and g + 8 are exactly the 32 contiguous bytes D[n, 64 j + 16 c : 64 j + 16 c + 16]
-in register order (step s, half h), so two 16-byte stores per row write them.
+in register order (step s, half h). Stored straight to global memory, a warp instruction would half-fill 32 sectors
+(8 rows x 4 lanes x 16 bytes); instead the warp stages its 16 x 64 tile in shared memory (16-byte chunks XOR-swizzled
+by row: conflict-free both ways) and reads it back so that eight lanes write one full 128-byte row segment.
 """
 from __future__ import annotations
 
@@ -77,6 +79,10 @@ def make_dequant_to_dense(N, K, group_size=128, dtype="float16", config: DenseCo
         sv = T.alloc_local((UW, 2), "uint32")
         zv = T.alloc_local((UW, 2), "uint32")
         af = T.alloc_local((16,), "uint32")
+        ov = T.alloc_local((4,), "uint32")
+        pool = T.SMEMPool()
+        Stage = pool.alloc((NW, UW, 16, CHUNK), dtype, align=128)     # per warp and unit: 16 rows x 128 bytes
+        pool.commit()
         g = T.meta_var(lane // 4)
         c = T.meta_var(lane % 4)
         for u in T.unroll(UW):
@@ -101,11 +107,25 @@ def make_dequant_to_dense(N, K, group_size=128, dtype="float16", config: DenseCo
             kc = T.meta_var(unit % KC)
             if unit < UNITS:
                 decode_unit(wb, af, sv, zv, u, g)
-                for h in T.unroll(2):         # row g + 8 h: registers 4 s + 2 h + b (step s, b-half b) in k order
-                    for q in T.unroll(2):     # 16-byte piece q: steps 2 q, 2 q + 1
-                        T.ptx["st.global.v4.b32"](D.ptr_to([nb * 16 + g + 8 * h, kc * CHUNK + 16 * c + 8 * q]),
+                # row g + 8 h: registers 4 s + 2 h + b (step s, b-half b) are in k order; 16-byte piece q (steps
+                # 2 q, 2 q + 1) is 16-byte column chunk 2 c + q of the row, stored XOR-swizzled by the row
+                for h in T.unroll(2):
+                    for q in T.unroll(2):
+                        T.ptx["st.shared.v4.b32"](Stage.ptr_to([warp, u, g + 8 * h, ((2 * c + q) ^ g) * 8]),
                                                   af[8 * q + 2 * h], af[8 * q + 2 * h + 1],
                                                   af[8 * q + 4 + 2 * h], af[8 * q + 4 + 2 * h + 1])
+        T.cuda.warp_sync()
+        for u in T.unroll(UW):
+            unit = T.meta_var((cta * NW + warp) * UW + u)
+            nb = T.meta_var(unit // KC)
+            kc = T.meta_var(unit % KC)
+            if unit < UNITS:
+                for i in T.unroll(4):         # rows 4 i .. 4 i + 3, eight lanes per 128-byte row: full lines
+                    r = T.meta_var(4 * i + lane // 8)
+                    T.ptx["ld.shared.v4.b32"](ov[0], ov[1], ov[2], ov[3],
+                                              Stage.ptr_to([warp, u, r, ((lane % 8) ^ (r % 8)) * 8]))
+                    T.ptx["st.global.v4.b32"](D.ptr_to([nb * 16 + r, kc * CHUNK + lane % 8 * 8]),
+                                              ov[0], ov[1], ov[2], ov[3])
 
     if HAS_Z:
         @T.prim_func

@@ -9,13 +9,15 @@ path           M range (defaults)           kernel
 ``gemv16``     9 .. 16                      the same with ``m_max=16`` (two A rows per lane)
 ``tiled64``    17 .. 64                     :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
 ``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles
-``dense``      ``large_m`` .. (sm_90a)      :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into a
-                                            fp16 / bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
+``dense_mid``  ``large_m`` .. ``wide_m`` - 1 :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into a
+               (sm_90a)                     fp16 / bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
                                             (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``)
+                                            with 128 x 128 tiles (twice the CTAs of the wide tiles at small M)
+``dense``      ``wide_m`` .. (sm_90a)       the same with the GEMM's default 128 x 256 tiles
 =============  ===========================  ====================================================================
 
 ``large_m`` (default :data:`LARGE_M`, from the H100 measurement in ``docs/perf-notes.md``) is where the two-kernel
-path starts; without sm_90a the tiled path serves every M above 16. Paths whose tiles do not divide N / K drop out
+path starts (``wide_m``, default :data:`WIDE_M`, where its GEMM switches to wide tiles); without sm_90a the tiled path serves every M above 16. Paths whose tiles do not divide N / K drop out
 (the next path up takes their range). ``warmup()`` compiles every path; after it a call only checks the arguments and
 launches (no compile, no host synchronisation, outputs and the scratch from torch's caching allocator), so the calls
 can be captured in a CUDA graph. With ``interpret=True`` (or ``MMAEMIT_INTERPRET=1``) the same PrimFuncs run on the
@@ -33,14 +35,17 @@ from .dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make
 from .dequant_parts import check_scheme
 from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
-__all__ = ["DequantGemm", "LARGE_M", "PATHS"]
+__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "prebuild"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a
 LARGE_M = 128
+#: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles
+WIDE_M = 1024
 #: path names, smallest M first
-PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense")
+PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
-             "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig()}
+             "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
+             "hopper_mid": HopperGemmConfig(block_n=128)}
 
 
 def _interpret_default() -> bool:
@@ -54,11 +59,12 @@ class DequantGemm:
     (W / S / Z in the kernel layout, ``mmaemit.dequant.kernel_layout.kernel_arguments``). ``arch``: None = the
     visible GPU's (sm_90a rules without one when ``interpret``, else sm_80 rules). ``large_m``: first M of the
     ``dense`` path (sm_90a only; None = :data:`LARGE_M`). ``configs``: per-path config overrides, keys from
-    :data:`PATHS` plus ``"hopper"`` (the GEMM of the dense path). ``interpret``: run on the CPU interpreter.
+    :data:`PATHS` plus ``"hopper"`` / ``"hopper_mid"`` (the GEMMs of the dense paths; ``"dense"`` configures their
+    dequant kernel). ``wide_m``: first M of ``dense`` (None = :data:`WIDE_M`). ``interpret``: run on the CPU interpreter.
     """
 
     def __init__(self, N, K, group_size=128, dtype="float16", weight_format="int4", zeros_mode=None, arch=None, *,
-                 large_m=None, configs=None, interpret=None):
+                 large_m=None, wide_m=None, configs=None, interpret=None):
         from mmaemit.arch import as_arch, device_arch
         from mmaemit.errors import ArchError
 
@@ -79,20 +85,24 @@ class DequantGemm:
             raise TileShapeError(f"group_size={group_size} must divide K={K} and be a multiple of 64 (or -1)")
         check_scheme(weight_format, zeros_mode)
         self.weight_format, self.zeros_mode = weight_format, zeros_mode
-        unknown = set(configs or {}) - set(PATHS) - {"hopper"}
+        extra = ("hopper", "hopper_mid")
+        unknown = set(configs or {}) - set(PATHS) - set(extra)
         if unknown:
-            raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + ('hopper',))}, not "
+            raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + extra)}, not "
                                          f"{sorted(unknown)}")
         self.configs = dict(_DEFAULTS, **(configs or {}))
         hopper = self.arch == "sm_90a"
         self.large_m = (LARGE_M if large_m is None else int(large_m)) if hopper else None
+        self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None
+        if hopper and self.wide_m < self.large_m:
+            self.wide_m = self.large_m
         self.ranges = self._plan()
         self._funcs: dict = {}
         self._kernels: dict = {}
 
     # ------------------------------------------------------------------------------------------------ planning
     def _fits(self, path) -> bool:
-        N, K, cfg = self.N, self.K, self.configs[path]
+        N, K, cfg = self.N, self.K, self.configs.get(path)
         if path.startswith("gemv"):
             return N % (16 * cfg.n_blocks) == 0 and K % (64 * cfg.k_slices * 2) == 0
         if path.startswith("tiled"):
@@ -102,10 +112,13 @@ class DequantGemm:
     def _plan(self):
         """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path
         whose tiles do not fit N / K drops out and the path below it extends over its range."""
-        start = {"gemv8": 1, "gemv16": 9, "tiled64": 17, "tiled128": 65, "dense": self.large_m}
+        start = {"gemv8": 1, "gemv16": 9, "tiled64": 17, "tiled128": 65, "dense_mid": self.large_m,
+                 "dense": self.wide_m}
         paths = [p for p in PATHS if start[p] is not None and self._fits(p)]
         if self.large_m is not None:
-            paths = [p for p in paths if p == "dense" or start[p] < self.large_m]
+            paths = [p for p in paths if p.startswith("dense") or start[p] < self.large_m]
+            if self.wide_m == self.large_m:
+                paths.remove("dense_mid")
         if not any(p.startswith("tiled") or p == "dense" for p in paths):
             raise TileShapeError(f"no dequant path serves M > 16 for N={self.N}, K={self.K}: the tiled path needs "
                                  f"N a multiple of block_n ({self.configs['tiled64'].block_n} or "
@@ -132,14 +145,15 @@ class DequantGemm:
     def _build(self, path):
         kw = dict(weight_format=self.weight_format, zeros_mode=self.zeros_mode)
         N, K, G, dt, arch = self.N, self.K, self.group_size, self.dtype, self.arch
-        cfg = self.configs[path]
+        cfg = self.configs.get(path)
         if path.startswith("gemv"):
             return (make_dequant_gemv(None, N, K, G, dt, cfg, arch, m_max=8 if path == "gemv8" else 16, **kw)[0],)
         if path.startswith("tiled"):
             return (make_dequant_gemm_tiled(None, N, K, G, dt, cfg, arch, **kw)[0],)
-        dense = make_dequant_to_dense(N, K, G, dt, cfg, arch, **kw)
-        gemm = make_gemm_hopper(None, N, K, dt, config=self.configs["hopper"], arch=arch)[0]
-        return dense, gemm
+        if path == "dequant":
+            return (make_dequant_to_dense(N, K, G, dt, self.configs["dense"], arch, **kw),)
+        hcfg = self.configs["hopper" if path == "dense" else "hopper_mid"]
+        return self.funcs("dequant")[0], make_gemm_hopper(None, N, K, dt, config=hcfg, arch=arch)[0]
 
     def funcs(self, path):
         """The PrimFunc(s) of a path (built once)."""
@@ -152,7 +166,11 @@ class DequantGemm:
         if path not in self._kernels:
             import mmaemit
 
-            self._kernels[path] = tuple(mmaemit.compile(f, target=self.arch) for f in self.funcs(path))
+            if path.startswith("dense"):       # one dequant kernel serves both dense paths
+                self._kernels[path] = (self.kernels("dequant")[0],
+                                       mmaemit.compile(self.funcs(path)[1], target=self.arch))
+            else:
+                self._kernels[path] = tuple(mmaemit.compile(f, target=self.arch) for f in self.funcs(path))
         return self._kernels[path]
 
     def warmup(self):
@@ -195,7 +213,7 @@ class DequantGemm:
             from mmaemit.interpret import interpret as run
 
             funcs = self.funcs(path)
-            if path == "dense":
+            if path.startswith("dense"):
                 scratch = torch.empty((self.N, self.K), dtype=A.dtype, device=A.device)
                 self._check(run(funcs[0], *weights, scratch, arch=self.arch))
                 self._check(run(funcs[1], A, scratch, out, arch=self.arch))
@@ -203,7 +221,7 @@ class DequantGemm:
                 self._check(run(funcs[0], A, *weights, out, arch=self.arch))
             return out
         kernels = self.kernels(path)
-        if path == "dense":
+        if path.startswith("dense"):
             scratch = torch.empty((self.N, self.K), dtype=A.dtype, device=A.device)
             kernels[0](*weights, scratch)
             kernels[1](A, scratch, out)
@@ -220,3 +238,35 @@ class DequantGemm:
         spans = ", ".join(f"{p} {lo}..{'' if hi is None else hi}" for p, lo, hi in self.ranges)
         return (f"DequantGemm(N={self.N}, K={self.K}, {self.weight_format} g{self.group_size}, {self.dtype}, "
                 f"{self.arch}: {spans})")
+
+
+def _prebuild_one(item):
+    import time
+
+    spec, path = item
+    t = time.time()
+    DequantGemm(**spec).kernels(path)
+    return path, time.time() - t
+
+
+def prebuild(specs, workers=None) -> float:
+    """Compile the paths of several problems in spawned worker processes into the on-disk cubin cache
+    (``MMAEMIT_CUBIN_CACHE=1`` is set here; set it in the process that then uses the kernels, which only loads them).
+    ``specs``: dicts of DequantGemm's arguments (``arch`` included) plus ``paths`` (None = every path). Returns the
+    wall time in seconds."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    os.environ["MMAEMIT_CUBIN_CACHE"] = "1"
+    items = []
+    for spec in specs:
+        spec = dict(spec)
+        paths = spec.pop("paths", None)
+        for path in paths or [r[0] for r in DequantGemm(**spec).ranges]:
+            items.append((spec, path))
+    t = time.time()
+    with ProcessPoolExecutor(max_workers=workers or min(len(items), os.cpu_count() or 4),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_prebuild_one, items))
+    return time.time() - t

@@ -15,11 +15,13 @@ wgmma. Per CTA (one per SM, persistent), per output tile of ``64 * consumers`` x
   store drains; the staging buffer is reused only after ``cp.async.bulk.wait_group.read``).
 
 Operands: A [M, K] and B [N, K] (both K-contiguous: ``trans_a=False, trans_b=True``, the layout of
-``torch.nn.Linear`` weights), M, N, K any sizes whose rows are 16-byte multiples (K a multiple of 8 for 16-bit,
-16 for 8-bit inputs, N likewise for the output): ragged edges are handled by TMA bounds (zero fill on load, clipped
-stores), not by padding. Dtypes: float16 / bfloat16 (f32 accumulators; out f16, bf16 or f32), float8_e4m3fn /
-float8_e5m2 (f32 accumulators; out bf16, f16 or f32; optional per-tensor scales ``scale_a * scale_b`` applied in the
-epilogue), int8 / uint8 (s32 accumulators, int32 out).
+``torch.nn.Linear`` weights; 16-bit inputs may also be M / N-contiguous: ``trans_a=True`` A [K, M],
+``trans_b=False`` B [K, N], read MN-major by wgmma), M, N, K any sizes whose rows are 16-byte multiples (the
+contiguous dimension of each operand a multiple of 8 for 16-bit, 16 for 8-bit inputs, N likewise for the output):
+ragged edges are handled by TMA bounds (zero fill on load, clipped stores), not by padding. Dtypes: float16 /
+bfloat16 (f32 accumulators; out f16, bf16 or f32), float8_e4m3fn / float8_e5m2 (f32 accumulators; out bf16, f16
+or f32; optional per-tensor scales ``scale_a * scale_b`` applied in the epilogue), int8 / uint8 (s32 accumulators,
+int32 out).
 
     python -m mmaemit.kernels.gemm_hopper --m 4096 --n 4096 --k 4096       # needs an H100
 """
@@ -110,8 +112,11 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     """Build ``gemm(A, B, C)`` (``gemm(A, B, C, scale_a, scale_b)`` for scaled fp8: float32 tensors of shape [1])
     computing ``C = A @ B^T`` (times ``scale_a * scale_b``). Returns ``(prim_func, config)``.
 
-    ``trans_a=False``: A is [M, K]; ``trans_b=True``: B is [N, K] (the only majors this kernel takes: both operands
-    K-contiguous). ``out_dtype`` None: the input dtype for 16-bit inputs, bfloat16 for fp8, int32 for int8.
+    ``trans_a=False``: A is [M, K]; ``trans_b=True``: B is [N, K] (both K-contiguous). 16-bit inputs also take
+    ``trans_a=True`` (A is [K, M], M-contiguous) and ``trans_b=False`` (B is [K, N]): wgmma reads them MN-major
+    through the descriptor's transpose bit, from 128-byte-swizzled tiles of 64 M / N by ``BK`` K that TMA loads one
+    box per 64 columns; 8-bit inputs must be K-contiguous.
+    ``out_dtype`` None: the input dtype for 16-bit inputs, bfloat16 for fp8, int32 for int8.
     ``scaled`` (fp8 only; default True for fp8): take the two per-tensor scales.
     ``M=None``: a symbolic M (an int32 variable bound from A's shape at every call; the tensor maps of A and C are
     encoded from the arguments' shapes at every launch): one compiled kernel for every M >= 1, on ``num_sms``
@@ -130,11 +135,15 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     out_dtype = canonical(out_dtype) if out_dtype is not None else default_out_dtype(dtype)
     if out_dtype not in outs:
         raise UnsupportedConfigError(f"{dtype} inputs give {choices(outs)} outputs, not {out_dtype!r}")
-    if trans_a or not trans_b:
+    a_major, b_major = ("MN" if trans_a else "K"), ("K" if trans_b else "MN")
+    if "MN" in (a_major, b_major) and bits(dtype) != 16:
         raise UnsupportedConfigError(
-            f"trans_a={trans_a}, trans_b={trans_b}: this kernel takes K-contiguous operands only, A [M, K] "
-            f"(trans_a=False) and B [N, K] (trans_b=True); transpose the other operand once (x.T.contiguous()) or "
-            f"use mmaemit.kernels.gemm_mma for M/N-contiguous 16-bit operands")
+            f"trans_a={trans_a}, trans_b={trans_b}: wgmma reads {dtype} operands K-major only, so this kernel takes "
+            f"them K-contiguous: A [M, K] (trans_a=False) and B [N, K] (trans_b=True); transpose the other operand "
+            f"once (x.T.contiguous()). M/N-contiguous operands work for float16 / bfloat16")
+    if trans_a and M is None:
+        raise UnsupportedConfigError("trans_a=True (A [K, M]) needs a static M: M is A's contiguous dimension, "
+                                     "which the tensor map must know is a multiple of 16 bytes; pass M")
     is_fp8 = dtype.startswith("float8")
     if scaled is None:
         scaled = is_fp8
@@ -184,12 +193,23 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
     if BN % CL or (BN // CL) % 8:
         raise TileShapeError(f"block_n={BN} must split into {CL} multicast pieces of a multiple of 8 rows")
     NI = BN // NSPLIT                              # N of one wgmma instruction
-    # the wgmma emitter owns the operand tiles: K-major, 128-byte swizzle, one K atom (BK = 128 bytes) per stage;
-    # the TMA boxes are built from the same layout objects (one source for the swizzle)
-    em = WgmmaIntrinEmitter(dtype, dtype, acc_dtype, NI, form="ss", block_m=BM, block_n=BN, block_k=BK,
-                            swizzle_bytes=SPAN, stages=(ST,), arch=arch)
-    a_map_t = TmaTile.for_layout((M, K), em.shared_layout("A"))
-    b_map_t = TmaTile.for_layout((N, K), make_wgmma_layout(BN // CL, BK, dtype, swizzle_bytes=SPAN), multicast=CL)
+    # the wgmma emitter owns the operand tiles: 128-byte swizzle; K-major: one K atom (BK = 128 bytes) per stage,
+    # MN-major: BM / 64 (A) or BN / 64 (B) atoms of 64 M / N columns by BK K rows. The TMA boxes are built from the
+    # same layout objects (one source for the swizzle): one box per atom
+    em = WgmmaIntrinEmitter(dtype, dtype, acc_dtype, NI, form="ss", a_major=a_major, b_major=b_major, block_m=BM,
+                            block_n=BN, block_k=BK, swizzle_bytes=SPAN, stages=(ST,), arch=arch)
+    a_lay, b_lay = em.a_layout, em.b_layout
+    A_SHAPE = (K, M) if trans_a else (M, K)
+    B_SHAPE = (N, K) if trans_b else (K, N)
+    a_map_t = TmaTile.for_layout(A_SHAPE, em.shared_layout("A"))
+    if b_major == "K":
+        b_map_t = TmaTile.for_layout(B_SHAPE, make_wgmma_layout(BN // CL, BK, dtype, swizzle_bytes=SPAN),
+                                     multicast=CL)
+    else:
+        if (BN // CL) % b_lay.span:
+            raise TileShapeError(f"block_n={BN}: an N-contiguous B loads {b_lay.span}-column boxes, so each of the "
+                                 f"{CL} cluster CTAs needs a multiple of {b_lay.span} columns")
+        b_map_t = TmaTile.for_layout(B_SHAPE, em.shared_layout("B"), multicast=CL)
     c_map_t = TmaTile((M, N), out_dtype, (EPI_ROWS, OUT_COLS), SPAN)
     GN, KT = -(-N // BN), -(-K // BK)
     sms = _num_sms(cfg)
@@ -228,6 +248,31 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
         # BK / K steps x NSPLIT instructions; N tile h covers accumulator registers [h * NI / 2, (h + 1) * NI / 2)
         em.mma_block(acc, da, db, stage=(s,), m0=c * 64, scale_d=kt > 0)
         em.commit_group()
+
+    def load_a(As, a_map, s, tm, kt, bar):
+        # K-major: one box of BM rows x BK; MN-major: one box of BK K rows x 64 M columns per atom
+        if a_major == "K":
+            a_map_t.load(As.ptr_to([s, 0, 0]), a_map, (tm * BM, kt * BK), bar)
+            return
+        for j in range(a_lay.atoms):
+            a_map_t.load(As.ptr_to(list(a_lay.index(j * a_lay.span, 0, s))), a_map,
+                         (kt * BK, tm * BM + j * a_lay.span), bar)
+
+    def load_b(Bs, b_map, s, tn, kt, rank, bar):
+        # this CTA's 1 / CL of the B tile (multicast to the cluster); MN-major: its atoms of 64 N columns
+        mask = None if CL == 1 else (1 << CL) - 1
+        if b_major == "K":
+            if CL == 1:
+                b_map_t.load(Bs.ptr_to([s, 0, 0]), b_map, (tn * BN, kt * BK), bar)
+            else:
+                b_map_t.load(Bs.ptr_to([s, rank * (BN // CL), 0]), b_map, (tn * BN + rank * (BN // CL), kt * BK),
+                             bar, multicast_mask=mask)
+            return
+        per = b_lay.atoms // CL
+        for j in range(per):
+            n0 = (rank * per + j) * b_lay.span
+            b_map_t.load(Bs.ptr_to(list(b_lay.index(n0, 0, s))), b_map, (kt * BK, tn * BN + n0), bar,
+                         multicast_mask=mask)
 
     @T.inline
     def retire(it, kt, tid):
@@ -335,13 +380,8 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
                         s = T.meta_var(ring.stage(it))
                         ring.producer_acquire(it)
                         ring.producer_expect(it, A_BYTES + B_BYTES)
-                        a_map_t.load(As.ptr_to([s, 0, 0]), a_map, (tm * BM, kt * BK), ring.full_ptr(it))
-                        if CL == 1:
-                            b_map_t.load(Bs.ptr_to([s, 0, 0]), b_map, (tn * BN, kt * BK), ring.full_ptr(it))
-                        else:
-                            b_map_t.load(Bs.ptr_to([s, rank * (BN // CL), 0]), b_map,
-                                         (tn * BN + rank * (BN // CL), kt * BK), ring.full_ptr(it),
-                                         multicast_mask=(1 << CL) - 1)
+                        load_a(As, a_map, s, tm, kt, ring.full_ptr(it))
+                        load_b(Bs, b_map, s, tn, kt, rank, ring.full_ptr(it))
         else:
             roles.consumer_setup()
             c = T.meta_var(roles.consumer_index(wg))
@@ -398,7 +438,7 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
 
     if scaled:
         @T.prim_func
-        def gemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), C: T.Buffer((M, N), out_dtype),
+        def gemm(A: T.Buffer(A_SHAPE, dtype), B: T.Buffer(B_SHAPE, dtype), C: T.Buffer((M, N), out_dtype),
                  scale_a: T.Buffer((1,), "float32"), scale_b: T.Buffer((1,), "float32")):
             a_map = a_map_t.encode(A)
             b_map = b_map_t.encode(B)
@@ -407,7 +447,7 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
             body(A, B, C, scale_a, scale_b, a_map, b_map, c_map)
     else:
         @T.prim_func
-        def gemm(A: T.Buffer((M, K), dtype), B: T.Buffer((N, K), dtype), C: T.Buffer((M, N), out_dtype)):
+        def gemm(A: T.Buffer(A_SHAPE, dtype), B: T.Buffer(B_SHAPE, dtype), C: T.Buffer((M, N), out_dtype)):
             a_map = a_map_t.encode(A)
             b_map = b_map_t.encode(B)
             c_map = c_map_t.encode(C)

@@ -241,12 +241,10 @@ class QuantLinear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def dequantized_weight(self):
-        """The layer's weight [N, K] in float32, in the original K order (the exact reference)."""
-        eye = torch.eye(self.in_features, dtype=torch.float32)
-        from .ops import dequant_linear_reference
-
-        w = dequant_linear_reference(eye, self.qweight, self.scales, self.zeros, self.group_size,
-                                     self.weight_format, self.zeros_mode or "").T
+        """The layer's weight [N, K] in float32 on the CPU, in the original K order (exact: b-bit codes times a
+        16-bit scale fit float32)."""
+        w = ops.dequantized_weight(self.qweight, self.scales, self.zeros, self.group_size, self.weight_format,
+                                   self.zeros_mode or "").float()
         if self.perm is not None:
             out = torch.empty_like(w)
             out[:, self.perm.cpu()] = w

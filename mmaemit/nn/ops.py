@@ -24,7 +24,7 @@ from mmaemit.dequant.kernel_layout import from_kernel_layout, from_kernel_scales
 from mmaemit.errors import ArgumentError
 from mmaemit.kernels.dequant_dispatch import DequantGemm
 
-__all__ = ["dequant_linear", "dequant_linear_reference", "gemm_for", "warmup"]
+__all__ = ["dequant_linear", "dequant_linear_reference", "dequantized_weight", "gemm_for", "warmup"]
 
 _GEMMS: dict = {}
 _LOCK = threading.Lock()
@@ -58,9 +58,8 @@ def warmup(N, K, group_size, dtype, weight_format, zeros_mode, device):
     gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device).warmup()
 
 
-def dequant_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
-    """The exact CPU reference of :func:`dequant_linear` (any device): float64 dequantization of the kernel-layout
-    tensors, float32 product, one rounding to x's dtype."""
+def dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_mode):
+    """The weight [N, K] (float64, on the CPU) of kernel-layout tensors, by the documented formulas."""
     fmt = get_format(weight_format)
     codes = from_kernel_layout(qweight.cpu(), fmt.bits)
     values = fmt.decode(codes)                                                   # float64 [N, K]
@@ -73,6 +72,13 @@ def dequant_linear_reference(x, qweight, scales, zeros, group_size, weight_forma
     else:
         z = from_kernel_scales(zeros.cpu()).double().repeat_interleave(G, dim=1)
         w = values * s - z if mode == "rescale" else (values - z) * s
+    return w
+
+
+def dequant_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
+    """The exact CPU reference of :func:`dequant_linear` (any device): float64 dequantization of the kernel-layout
+    tensors, float32 product, one rounding to x's dtype."""
+    w = dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_mode)
     y = x.cpu().float() @ w.float().T
     return y.to(x.dtype).to(x.device)
 

@@ -93,7 +93,7 @@ class TmaTile:
                 f"addresses in {sw}-byte rows, so a box row holds at most {sw} bytes. Split the tile into "
                 f"{layout.row_bytes // sw} column atoms of {sw * 8 // layout.elem_bits} elements (a layout of shape "
                 f"(..., {layout.row_bytes // sw}, {rows}, {sw * 8 // layout.elem_bits})) and load one box per atom")
-        gs = tuple(int(d) for d in global_shape)
+        gs = tuple(d if i == 0 and _symbolic(d) else int(d) for i, d in enumerate(global_shape))
         if len(gs) < 2:
             box = (cols,)
             if rows != 1:

@@ -11,6 +11,9 @@ Transcribed from the PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accu
   W-byte swizzle (W = 32/64/128) ``((8,m),(T,2k)):((W/16 T,SBO),(1,T))`` followed by ``Swizzle<log2(W/16),4,3>``
   on the byte address (16-byte chunk bits [4, 4+b) ^= bits [7, 7+b)). The swizzle acts on the absolute shared
   address, so a pattern whose repeat (1024/512/256 bytes) starts on that boundary has base offset 0.
+* MN-major canonical layouts (``imm-trans`` = 1, f16 / bf16 only), in 16-byte units: no swizzle
+  ``((1,m),(8,k)):((1,SBO),(1,LBO))``; W-byte swizzle ``((W/16,m),(8,k)):((1,LBO),(W/16,SBO))`` then the same
+  swizzle (``mnmajor_chunk_addresses``).
 * Register fragments (9.7.15.5.1.1.1, ``.m64nNkK``): warp w of the warpgroup holds rows 16w..16w+15; its A fragment
   is the ``mma.m16n8kK`` A fragment of those rows (K = 16 for f16 / bf16, 32 for e4m3 / e5m2 / s8 / u8, 8 for tf32;
   every row holds 32 bytes of K) and its accumulator is the ``mma.m16n8`` C fragment of every 8-column block j:
@@ -36,7 +39,8 @@ from .mma import mma_a_coords, mma_c_coords
 from .rounding import round_f64
 
 __all__ = ["MatrixDescriptor", "decode_matrix_descriptor", "encode_matrix_descriptor", "SWIZZLE_BYTES",
-           "swizzle_address", "kmajor_chunk_addresses", "mnmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma",
+           "swizzle_address", "kmajor_chunk_addresses", "mnmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords",
+           "wgmma_mma",
            "element_values", "WGMMA_M", "WGMMA_K", "WGMMA_K_OF", "WGMMA_ELEMENT_BITS"]
 
 WGMMA_M = 64
@@ -130,8 +134,9 @@ def mnmajor_chunk_addresses(desc: MatrixDescriptor, k_rows: int, mn_chunks: int)
     Chunk ``c`` of K row ``k`` holds the 16 bytes of MN elements [c T, c T + T) at that k (T = 16 bytes / element
     size). Canonical MN-major layouts (PTX ISA 9.7.15.5.1.2.1.3, in 16-byte units): no swizzle
     ``((1,m),(8,k)):((1,SBO),(1,LBO))``: chunk c at ``start + SBO c``, K row k at ``+ 16 (k % 8) + LBO (k // 8)``;
-    W-byte swizzle ``((W/16,m),(8,k)):((1,LBO),(W/16,SBO))``: chunk c at ``start + 16 (c % (W/16)) + LBO (c // (W/16))``,
-    K row k at ``+ W (k % 8) + SBO (k // 8)``, then the address is swizzled.
+    W-byte swizzle ``((W/16,m),(8,k)):((1,LBO),(W/16,SBO))``: chunk c at
+    ``start + 16 (c % (W/16)) + LBO (c // (W/16))``, K row k at ``+ W (k % 8) + SBO (k // 8)``, then the address
+    is swizzled.
     """
     k = np.arange(k_rows, dtype=np.int64)[:, None]
     c = np.arange(mn_chunks, dtype=np.int64)[None, :]

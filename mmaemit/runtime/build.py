@@ -4,14 +4,16 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 
 from ..arch import KNOWN_ARCHS, as_arch, device_arch
-from ..errors import ArchError, UnsupportedConfigError, choices
+from ..errors import ArchError, PerformanceWarning, ToolchainError, UnsupportedConfigError, choices
 from .gating import check_instructions, ptx_instructions
 from .kernel import Kernel, KernelSignature
+from .sass import parse_ptxas_log
 from .toolchain import compile_cubin
 
-__all__ = ["compile", "resolve_target", "cached_jit", "cubin_cache_enabled"]
+__all__ = ["compile", "resolve_target", "cached_jit", "cubin_cache_enabled", "spill_check_enabled", "warn_on_spills"]
 
 _JIT_CALLBACK = "tvm_callback_cuda_compile"
 _JIT_LOCK = threading.RLock()
@@ -22,6 +24,43 @@ def cubin_cache_enabled(cubin_cache=None) -> bool:
     if cubin_cache is not None:
         return bool(cubin_cache)
     return os.environ.get("MMAEMIT_CUBIN_CACHE", "0") not in ("", "0")
+
+
+def spill_check_enabled(check_spills=None) -> bool:
+    """``check_spills`` if given, else ``$MMAEMIT_CHECK_SPILLS`` ("0" = off; default on)."""
+    if check_spills is not None:
+        return bool(check_spills)
+    return os.environ.get("MMAEMIT_CHECK_SPILLS", "1") not in ("", "0")
+
+
+def warn_on_spills(kernel: Kernel, stacklevel: int = 2) -> list:
+    """Warn (``PerformanceWarning``) for each kernel function whose ``ptxas -v`` report (the nvcc build of
+    ``kernel.cuda_source`` for ``kernel.arch``, through the cubin cache) shows spill stores / loads or a stack frame;
+    the message names the registers and bytes. Returns the ``ResourceUsage`` of those functions. Without nvcc there
+    is no report and nothing to check: returns [] silently."""
+    try:
+        usage = parse_ptxas_log(kernel.cubin().ptxas_log)
+    except ToolchainError:
+        return []
+    bad = [u for _, u in sorted(usage.items()) if u.uses_local_memory]
+    for u in bad:
+        warnings.warn(
+            f"{u.describe()} on {kernel.arch.name} (ptxas): the kernel uses local memory (spilled registers or a "
+            f"dynamically indexed register array), which is slow. Use smaller warp tiles (warp_row_tiles x "
+            f"warp_col_tiles accumulators per warp), a smaller chunk or fewer fragments live at once; "
+            f"Kernel.resource_usage() gives these numbers (check_spills=False / MMAEMIT_CHECK_SPILLS=0 skips this "
+            f"check)", PerformanceWarning, stacklevel=stacklevel + 1)
+    return bad
+
+
+def _nvcc_available() -> bool:
+    from .toolchain import find_nvcc
+
+    try:
+        find_nvcc()
+        return True
+    except ToolchainError:
+        return False
 
 
 def jit_through_cubin_cache(arch):
@@ -93,7 +132,7 @@ def _single_prim_func(func):
 
 
 def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  # noqa: A001
-            cubin_cache: bool | None = None) -> Kernel:
+            cubin_cache: bool | None = None, check_spills: bool | None = None) -> Kernel:
     """Compile a tirx PrimFunc for one CUDA arch and return a callable ``Kernel``.
 
     ``target``: None (the visible GPU's arch; ``ArchError`` with no GPU), "sm_80" / "sm_86" / "sm_89" / "sm_90" /
@@ -106,6 +145,10 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  #
     ``cubin_cache``: True builds the GPU binary with nvcc through the on-disk cubin cache (:func:`cached_jit`; a
     kernel built before by any process loads without compiling; the autotuner always does this); False keeps TVM's
     own JIT (NVRTC); None (default) reads ``$MMAEMIT_CUBIN_CACHE`` ("1" = True, otherwise False).
+    ``check_spills``: True builds the kernel with nvcc through the cubin cache (on a GPU machine that build is also
+    the binary that runs, instead of NVRTC's: one compile per kernel) and warns with a ``PerformanceWarning`` when ``ptxas -v`` reports spill
+    stores / loads or a stack frame, naming registers and bytes (:func:`warn_on_spills`); skipped without nvcc.
+    None (default) reads ``$MMAEMIT_CHECK_SPILLS`` ("0" = False, otherwise True).
     """
     import tvm
 
@@ -117,7 +160,14 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  #
     symbol = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
     instructions = check_instructions(ptx_instructions(func), arch, stacklevel=2)
     signature = KernelSignature(func, symbol, out_idx)  # a bad out_idx fails before the compile
-    jit = cached_jit(arch) if cubin_cache_enabled(cubin_cache) else contextlib.nullcontext()
+    check = spill_check_enabled(check_spills)
+    # the spill check reads ptxas's report of an nvcc build: let that same build be the binary that runs (one
+    # compile per kernel, not NVRTC's plus nvcc's)
+    use_nvcc = cubin_cache_enabled(cubin_cache) or (check and _nvcc_available())
+    jit = cached_jit(arch) if use_nvcc else contextlib.nullcontext()
     with tgt, jit:
         executable = tvm.compile(func, target=tgt, tir_pipeline="tirx")
-    return Kernel(func, arch, tgt, executable, symbol, instructions=instructions, signature=signature)
+    kernel = Kernel(func, arch, tgt, executable, symbol, instructions=instructions, signature=signature)
+    if check:
+        warn_on_spills(kernel, stacklevel=2)
+    return kernel

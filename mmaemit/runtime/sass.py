@@ -84,6 +84,18 @@ class ResourceUsage:
     def spill_bytes(self) -> int:
         return self.spill_store_bytes + self.spill_load_bytes
 
+    @property
+    def uses_local_memory(self) -> bool:
+        """True when ptxas reports spill stores / loads or a stack frame (per-thread local memory, i.e. DRAM
+        behind L1: a kernel meant to live in registers is then slower than it should be)."""
+        return bool(self.spill_bytes or self.stack_frame_bytes)
+
+    def describe(self) -> str:
+        """One line for messages: registers, spills, stack frame, static shared memory."""
+        return (f"{self.function}: {self.registers} registers, {self.spill_store_bytes} bytes spill stores, "
+                f"{self.spill_load_bytes} bytes spill loads, {self.stack_frame_bytes} bytes stack frame, "
+                f"{self.static_smem_bytes} bytes static smem")
+
 
 _ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
 _PROPS_RE = re.compile(r"Function properties for (\S+)")
