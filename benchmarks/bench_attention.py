@@ -1,4 +1,5 @@
-"""Attention forward TFLOP/s vs seqlen: mmaemit's mma.sync FlashAttention beside every torch SDPA backend, same run.
+"""Attention forward TFLOP/s vs seqlen: mmaemit's mma.sync and Hopper (wgmma) FlashAttention kernels beside every
+torch SDPA backend, in the same run.
 
     PYTHONPATH=. python3 benchmarks/bench_attention.py [--seqlens 4096 8192 16384] [--head-dims 64 128 256]
         [--causal 0 1] [--dtype float16] [--tokens 16384] [--hidden 2048] [--out FILE.md] [--prebuild-tests]
@@ -8,7 +9,10 @@ Shapes: batch = tokens / seqlen, heads = hidden / head_dim (16k tokens, hidden 2
 setting; batch x heads x query tiles fill the GPU). Each point: correctness first — mmaemit vs the float32 math of the
 first and last 128 query rows of two heads (O and LSE), and every SDPA backend vs the same rows — then the median of
 ``triton.testing.do_bench``. FLOPs = 4 b h s^2 d (half of it causal). Kernels are built first in parallel worker
-processes into the on-disk cubin cache.
+processes into the on-disk cubin cache. Columns: ``mmaemit`` (mma.sync), ``mmaemit-wgmma`` (Hopper, default config);
+at the ``--ablation`` points also ``mma-alt`` (the other mma.sync tiles), ``wgmma-seq`` (``overlap=False``) and
+``wgmma-v-k`` (``v_major="k"``: V transposed by the producer). Points run head dim 128 first, and the table file
+is rewritten after each.
 """
 from __future__ import annotations
 
@@ -42,9 +46,9 @@ def shape(seqlen, head_dim, tokens, hidden):
     return max(1, tokens // seqlen), max(1, hidden // head_dim)
 
 
-IMPLS = {"mmaemit": "mma_sync", "mmaemit-wgmma": "wgmma", "mma-alt": "mma_sync", "wgmma-no-overlap": "wgmma",
-         "wgmma-v-mn": "wgmma"}
-ABLATIONS = ("mma-alt", "wgmma-no-overlap", "wgmma-v-mn")     # timed only at the --ablation points
+IMPLS = {"mmaemit": "mma_sync", "mmaemit-wgmma": "wgmma", "mma-alt": "mma_sync", "wgmma-seq": "wgmma",
+         "wgmma-v-k": "wgmma"}
+ABLATIONS = ("mma-alt", "wgmma-seq", "wgmma-v-k")     # timed only at the --ablation points
 #: mma-alt: the other mma.sync tile choice per head dim (d 64: 64-key blocks; d 128: 16 rows per warp, 64-row CTAs
 #: with fewer registers; d 256: 64 x 32 tiles, 96 KB of shared memory = 2 CTAs per SM)
 MMA_ALT = {64: (128, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
@@ -57,10 +61,10 @@ def impl_config(name, D):
 
     if name == "mma-alt":
         return AttentionConfig(*MMA_ALT[D])
-    if name == "wgmma-no-overlap":
+    if name == "wgmma-seq":
         return dataclasses.replace(default_hopper_config(D), overlap=False)
-    if name == "wgmma-v-mn":
-        return dataclasses.replace(default_hopper_config(D), v_major="mn")
+    if name == "wgmma-v-k":
+        return dataclasses.replace(default_hopper_config(D), v_major="k")
     return None
 
 
@@ -185,10 +189,11 @@ def main(argv=None):
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--points", nargs="+", default=None, help="explicit points SEQLEN:HEADDIM:CAUSAL (replaces the grid)")
+    p.add_argument("--points", nargs="+", default=None,
+                   help="explicit points SEQLEN:HEADDIM:CAUSAL (replaces the grid)")
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
-    p.add_argument("--ablation", nargs="*", default=["8192:128", "8192:256"], help="SEQLEN:HEADDIM points that also time the "
-                   "ablation columns (mma-alt, wgmma-no-overlap, wgmma-v-mn)")
+    p.add_argument("--ablation", nargs="*", default=["8192:128", "8192:256"],
+                   help="SEQLEN:HEADDIM points that also time mma-alt, wgmma-seq and wgmma-v-k")
     p.add_argument("--prebuild-only", action="store_true")
     p.add_argument("--prebuild-tests", action="store_true", help="also build the GPU tests' kernels")
     p.add_argument("--out", default=None)
@@ -217,7 +222,8 @@ def main(argv=None):
             f"{torch.__version__}, {args.dtype}, tokens {args.tokens}, hidden {args.hidden}; TFLOP/s (median)")
     impls = [(n, IMPLS[n]) for n in args.impls]
     cols = [n for n, _ in impls] + [n for n, _ in backends]
-    lines = [head, "", "| head dim | causal | seqlen | batch x heads | " + " | ".join(cols) + " | errors (O/LSE; peers O) |",
+    lines = [head, "", "| head dim | causal | seqlen | batch x heads | " + " | ".join(cols)
+             + " | errors (ours O/LSE; peers O) |",
              "|---|---|---|---|" + "---|" * len(cols) + "---|"]
     print(head, flush=True)
     for S, D, c in points:

@@ -38,3 +38,8 @@ o, lse = flash_attention(q, k, v, causal=True)          # O [B, S, H, D], LSE [B
 ro, rl = reference(q, k, v, causal=True)                # float64 on the CPU
 print(f"{device}: max |O - ref| = {(o.cpu().double() - ro).abs().max():.2e}, "
       f"max |LSE - ref| = {(lse.cpu().double() - rl).abs().max():.2e}")
+
+# 4. On Hopper the same call runs the TMA + mbarrier + wgmma kernel (mmaemit/kernels/flash_attention_hopper.py).
+if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
+    o2, lse2 = flash_attention(q, k, v, causal=True, implementation="wgmma")
+    print(f"wgmma: max |O - ref| = {(o2.cpu().double() - ro).abs().max():.2e}")

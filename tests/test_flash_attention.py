@@ -1,5 +1,6 @@
 """FlashAttention forward (mma.sync): the P-in-registers layout fact, the interpreter against float64, SASS on the
 CPU, the torch custom op, and a few GPU checks against torch SDPA."""
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,8 @@ from mmaemit.errors import ArgumentError, LayoutError, TileShapeError, Unsupport
 from mmaemit.interpret import interpret
 from mmaemit.kernels.flash_attention import (AttentionConfig, flash_attention, flash_attention_varlen,
                                              make_flash_attention, reference)
-from mmaemit.kernels.flash_attention_hopper import HopperAttentionConfig, make_flash_attention_hopper
+from mmaemit.kernels.flash_attention_hopper import (HopperAttentionConfig, default_hopper_config,
+                                                    make_flash_attention_hopper)
 from mmaemit.layouts import mma_fragment
 from mmaemit.layouts.accumulator_operand import AccumulatorAsOperand, accumulator_as_operand
 
@@ -105,14 +107,17 @@ HOPPER_CASES = [  # dtype, D, causal, lens_q, lens_k, heads, kv_heads
 ]
 
 
+@pytest.mark.parametrize("v_major, overlap", [("mn", True), ("k", False)])   # the default; the other schedule
 @pytest.mark.parametrize("dtype, D, causal, lens_q, lens_k, H, HK", HOPPER_CASES)
-def test_hopper_kernel_on_the_interpreter_matches_float64(dtype, D, causal, lens_q, lens_k, H, HK):
-    report, o, lse, ro, rl = _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, hopper=True)
+def test_hopper_kernel_on_the_interpreter_matches_float64(dtype, D, causal, lens_q, lens_k, H, HK, v_major, overlap):
+    cfg = dataclasses.replace(default_hopper_config(D), overlap=overlap, v_major=v_major)
+    report, o, lse, ro, rl = _interpret_case(dtype, D, causal, lens_q, lens_k, H, HK, config=cfg, hopper=True)
     _check(report, o, lse, ro, rl, dtype)
 
 
-def test_hopper_kernel_without_overlap_on_the_interpreter():
-    cfg = HopperAttentionConfig(block_n=64, overlap=False)
+@pytest.mark.parametrize("v_major, overlap", [("k", True), ("mn", False)])
+def test_hopper_kernel_other_schedules_on_the_interpreter(v_major, overlap):
+    cfg = HopperAttentionConfig(block_n=64, overlap=overlap, v_major=v_major)
     report, o, lse, ro, rl = _interpret_case("float16", 64, True, [150, 40], [150, 100], 2, 1, config=cfg, hopper=True)
     _check(report, o, lse, ro, rl, "float16")
 
@@ -196,16 +201,22 @@ def test_sass_has_no_spills_and_uses_hmma(arch, D, causal):
     assert "LDSM.16.MT88.4" in kernel.sass(arch)               # V through ldmatrix.trans
 
 
-@pytest.mark.parametrize("D, causal", [(128, False), (256, True)])
-def test_hopper_sass_has_no_spills_and_uses_hgmma(D, causal):
-    func, cfg = make_flash_attention_hopper(2, 1024, 2048, 2048, 8, 8, D, "float16", causal)
+@pytest.mark.parametrize("D, causal, overlap, v_major", [(128, False, True, "mn"), (256, True, True, "mn"),
+                                                        (128, True, False, "k")])
+def test_hopper_sass_has_no_spills_and_uses_hgmma(D, causal, overlap, v_major):
+    cfg = dataclasses.replace(default_hopper_config(D), overlap=overlap, v_major=v_major)
+    func, cfg = make_flash_attention_hopper(2, 1024, 2048, 2048, 8, 8, D, "float16", causal, config=cfg)
     kernel = mmaemit.compile(func, target="sm_90a")
     usage = kernel.resource_usage("sm_90a")
     assert usage.spill_bytes == 0 and usage.stack_frame_bytes == 0, usage
     mix = kernel.instruction_mix("sm_90a")
-    # Q K^T k-steps + P V k-steps in the loop + the last block's P V after it (overlap: P V of block n - 1 in trip n)
-    assert mix["HGMMA"] >= D // 16 + 2 * (cfg.block_n // 16), mix
-    assert mix.get("HMMA", 0) == 0 and mix["LDSM"] > 0 and mix["STSM"] > 0, mix   # V transposed by the producer
+    # Q K^T k-steps + P V k-steps per block (overlap: P V of block n - 1 in trip n, and the last block's after the loop)
+    assert mix["HGMMA"] >= D // 16 + (2 if overlap else 1) * (cfg.block_n // 16), mix
+    assert mix.get("HMMA", 0) == 0, mix
+    if v_major == "k":                                           # V transposed by the producer
+        assert mix["LDSM"] > 0 and mix["STSM"] > 0, mix
+    else:
+        assert mix.get("LDSM", 0) == 0 and mix.get("STSM", 0) == 0, mix
     sass = kernel.sass("sm_90a")
     assert "UTMALDG.2D" in sass and "SYNCS" in sass
 
@@ -286,3 +297,27 @@ def test_gpu_custom_op_under_torch_compile():
     o, lse = f(q, k, v)
     ro, rl = _sdpa_fp32(q, k, v, False)
     assert (o.float() - ro).abs().max().item() < 4e-3 and (lse - rl).abs().max().item() < 2e-3
+
+
+def test_benchmark_reference_rows_and_configs():
+    """The benchmark's correctness check (float32 math on a few query rows) agrees with the float64 reference, and
+    its ablation columns name valid configurations."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 48, 4, 64, generator=g)
+    k, v = (torch.randn(1, 48, 2, 64, generator=g) for _ in range(2))
+    for causal in (False, True):
+        idx, ro, rl = bench.rows_reference(q, k, v, causal, rows=8)
+        RO, RL = reference(q, k, v, causal)
+        assert (RO[0, idx, :2] - ro).abs().max() < 1e-5 and (RL[0, :2][:, idx] - rl).abs().max() < 1e-5
+    for name in bench.ABLATIONS:
+        for D in (64, 128, 256):
+            cfg = bench.impl_config(name, D)
+            builder = make_flash_attention if bench.IMPLS[name] == "mma_sync" else make_flash_attention_hopper
+            builder(1, 128, 128, 128, 2, 2, D, "float16", False, None, cfg, "sm_90a")   # parses: a valid config

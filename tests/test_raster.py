@@ -159,3 +159,12 @@ def test_gemm_config_auto_raster_is_the_default():
     make_gemm(256, 256, 128, config=GemmConfig(raster="auto"))
     with pytest.raises(UnsupportedConfigError, match="auto"):
         make_gemm(256, 256, 128, config=GemmConfig(raster="hilbert"))
+
+
+def test_grouped_order_compiles_on_large_grids():
+    """Regression (H100 raster study): the grouped order's symbolic forward map on a 128 x 128 tile grid made TVM
+    build int32 literals past 2^31 (``pid - first_m * grid_n`` expanded into products of C's strides)."""
+    import mmaemit
+    from mmaemit.kernels.gemm_mma import GemmConfig, make_gemm
+    f, _ = make_gemm(16384, 16384, 4096, config=GemmConfig(raster="grouped", panel=4), arch="sm_90a")
+    assert "gemm" in mmaemit.compile(f, target="sm_90a", check_spills=False).cuda_source

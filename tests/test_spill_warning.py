@@ -27,17 +27,18 @@ def _nvcc_missing():
 pytestmark = pytest.mark.skipif(_nvcc_missing(), reason="needs nvcc (compile only)")
 
 
-def readme_style_gemm(dtype="bfloat16", M=256, N=256, K=512):
+def readme_style_gemm(dtype="bfloat16", arch="sm_90a", M=256, N=256, K=512):
     """The quick start's kernel with A stored [K, M], B [K, N], a 64x256 CTA of 1x4 warps of 64x64 and chunk 64:
-    64 x 64 fp32 accumulators per warp (128 registers per lane) plus the fragments need more than 255 registers."""
-    em = TensorCoreIntrinEmitter(dtype, dtype, "float32", a_transposed=True, b_transposed=False, block_row_warps=1,
-                                 block_col_warps=4, warp_row_tiles=64, warp_col_tiles=64, chunk=64, arch="sm_90a")
+    64 x 64 accumulators per warp (128 registers per lane) plus the fragments need more than 255 registers."""
+    acc = "int32" if dtype == "int8" else "float32"
+    em = TensorCoreIntrinEmitter(dtype, dtype, acc, a_transposed=True, b_transposed=False, block_row_warps=1,
+                                 block_col_warps=4, warp_row_tiles=64, warp_col_tiles=64, chunk=64, arch=arch)
     BM, BN, BK, NT = em.block_m, em.block_n, em.block_k, em.threads
     swa = em.shared_swizzle("A", em.a_shared_shape, dtype)        # [BK, BM]
     swb = em.shared_swizzle("B", em.b_shared_shape, dtype)        # [BK, BN]
 
     @T.prim_func
-    def gemm(A: T.Buffer((K, M), dtype), B: T.Buffer((K, N), dtype), C: T.Buffer((M, N), "float32")):
+    def gemm(A: T.Buffer((K, M), dtype), B: T.Buffer((K, N), dtype), C: T.Buffer((M, N), acc)):
         T.device_entry()
         bn, bm = T.cta_id([N // BN, M // BM])
         warp = T.warp_id([em.num_warps])
@@ -64,23 +65,26 @@ def readme_style_gemm(dtype="bfloat16", M=256, N=256, K=512):
     return gemm
 
 
-def test_spilling_gemm_warns_with_registers_and_bytes():
-    func = readme_style_gemm()
+@pytest.mark.parametrize("dtype, arch", [("bfloat16", "sm_90a"), ("int8", "sm_80")])
+def test_spilling_gemm_warns_with_registers_and_bytes(dtype, arch):
+    func = readme_style_gemm(dtype, arch)
     with pytest.warns(PerformanceWarning) as caught:
-        kernel = mmaemit.compile(func, target="sm_90a")
+        kernel = mmaemit.compile(func, target=arch)
     msgs = [str(w.message) for w in caught if issubclass(w.category, PerformanceWarning)]
     assert len(msgs) == 1, msgs
     use = kernel.resource_usage()
-    assert use.registers == 255 and 188 <= use.spill_store_bytes <= 356 and use.stack_frame_bytes > 0, use
+    assert use.registers == 255 and use.spill_store_bytes > 0 and use.stack_frame_bytes > 0, use
+    if dtype == "bfloat16":
+        assert 188 <= use.spill_store_bytes <= 356, use       # the figures of issue 12 (nvcc 13.0 here: 188)
     msg = msgs[0]
     assert f"{use.registers} registers" in msg and f"{use.spill_store_bytes} bytes spill stores" in msg
     assert f"{use.spill_load_bytes} bytes spill loads" in msg and f"{use.stack_frame_bytes} bytes stack frame" in msg
-    assert "sm_90a" in msg and "resource_usage()" in msg
+    assert arch in msg and "resource_usage()" in msg
     assert caught[0].filename == __file__          # points at the caller's compile line
-    # the switch: keyword or environment turns the check off
+    # the switch: the keyword turns the check off
     with warnings.catch_warnings():
         warnings.simplefilter("error", PerformanceWarning)
-        mmaemit.compile(func, target="sm_90a", check_spills=False)
+        mmaemit.compile(func, target=arch, check_spills=False)
 
 
 def test_spill_check_env_switch_and_missing_nvcc(monkeypatch):

@@ -4,17 +4,19 @@ Same contract as :mod:`mmaemit.kernels.flash_attention` (Q / K / V ``[total, hea
 GQA, bottom-right causal, O and LSE), composed from ``mmaemit.pipeline`` (TmaTile, MbarrierRing, WarpgroupRoles)
 and wgmma. One CTA = 128 query rows of one (batch, head), three warpgroups:
 
-* producer (warpgroup 0, few registers): one thread issues the TMA loads (Q once; K blocks into a 2-stage ring
-  guarded by full / empty mbarriers; V blocks into a staging tile), then the whole warpgroup transposes each V block
-  into a K-major tile (ldmatrix.trans + stmatrix, both 128-byte swizzled) of a second 2-stage ring: wgmma reads B
-  K-major, and V [keys, d] is N-major for ``P V``;
+* producer (warpgroup 0, few registers): one thread issues the TMA loads (Q once; K and V blocks into 2-stage rings
+  guarded by full / empty mbarriers). wgmma reads V [keys, d] as an N-major B operand; with ``v_major="k"`` V lands
+  in a staging tile instead and the whole warpgroup transposes it into a K-major ring (ldmatrix.trans + stmatrix,
+  both 128-byte swizzled);
 * two consumer warpgroups, 64 query rows each: ``S = Q K^T`` with wgmma m64n{block_n}k16 SS (Q and K through matrix
   descriptors), online softmax in fp32 on the accumulators (exp2, running max, quad shfl), ``O += P V`` with wgmma
   m64n{d}k16 RS: P goes from the S accumulators into the A registers by ``accumulator_as_operand`` — per warp the
   wgmma accumulator of an n8 block is the m16n8 C fragment and the RS A operand the m16n8k16 A fragment, so the
   proven mma.sync map applies unchanged.
 
-The two consumers run independently on their own rows, so one's softmax overlaps the other's wgmma.
+By default each consumer issues block n's Q K^T together with block n - 1's P V and the two consumers take turns
+(named barriers), so one's softmax runs under the other's wgmmas, and V is read N-major straight from its TMA tile
+(``HopperAttentionConfig``: ``overlap=False`` / ``v_major="k"`` give the other schedules).
 """
 from __future__ import annotations
 
@@ -37,18 +39,21 @@ SMEM_LIMIT = 232448
 @dataclass(frozen=True)
 class HopperAttentionConfig:
     """``block_n`` keys per K / V block (a multiple of 64; the wgmma N of ``Q K^T``); register budgets per role.
-    ``overlap``: each consumer issues block n's ``Q K^T`` and block n - 1's ``P V`` as one wgmma group, and the two
-    consumers take turns issuing (named barriers), so one's softmax runs while the other's wgmmas do; False: ``Q K^T``,
-    softmax, ``P V`` in sequence per block. ``v_major="mn"``: V goes from TMA straight to wgmma as an N-major B
-    operand (``imm-trans-b`` = 1, LBO = the 64-column panel stride, SBO = 1024 B: PTX ISA canonical MN-major
-    128-byte-swizzle layout) with no transpose; the CPU interpreter does not model N-major operands, so this variant
-    is checked on the GPU only."""
+
+    ``overlap``: each consumer issues block n's ``Q K^T`` and block n - 1's ``P V`` as one wgmma group and the two
+    consumers take turns issuing (named barriers); False: ``Q K^T``, softmax, ``P V`` in sequence per block, the two
+    consumers interleaving freely. ``v_major="mn"``: V goes from TMA straight to wgmma as an N-major B operand
+    (``imm-trans-b`` = 1, LBO = the 64-column panel stride, SBO = 1024 B: the PTX ISA canonical MN-major 128-byte
+    layout); ``"k"``: the producer warpgroup transposes each V block into a K-major tile (ldmatrix.trans + stmatrix).
+    The default (mn, overlap) is the fastest combination measured on the H100 (563 / 537 TFLOP/s at d = 128, seq
+    8192; (k, overlap) 509 / 469, (k, no overlap) 529 / 494; docs/perf-notes.md); (mn, no overlap) is not measured.
+    """
 
     block_n: int = 128
     producer_regs: int = 40
     consumer_regs: int = 232
     overlap: bool = True      # issue S_n = Q K_n^T and O += P_{n-1} V_{n-1} together, consumers taking turns
-    v_major: str = "k"        # "k": the producer transposes V for a K-major B; "mn": wgmma reads V N-major
+    v_major: str = "mn"       # "mn": wgmma reads V N-major from the TMA tile; "k": the producer transposes V first
 
 
 def default_hopper_config(head_dim) -> HopperAttentionConfig:

@@ -227,10 +227,12 @@ class GroupedRaster(RasterOrder):
         first_m = pid // (gr * gn) * gr
         last_r, last_c = gm % gr, gn % gc
         rows = gr if last_r == 0 else _select(first_m + gr > gm, last_r, gr)
-        local = pid - first_m * gn
+        # remainders, not pid - first_m * gn: TVM's simplifier would expand the difference into products of the
+        # caller's strides that overflow int32 literals on large grids (16384 x 16384 C tiles of 128)
+        local = pid % (gr * gn)
         first_n = local // (rows * gc) * gc
         cols = gc if last_c == 0 else _select(first_n + gc > gn, last_c, gc)
-        within = local - first_n * rows
+        within = local % (rows * gc)
         return first_m + within // cols, first_n + within % cols
 
     def inverse(self, tile_m, tile_n):

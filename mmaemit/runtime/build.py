@@ -53,6 +53,16 @@ def warn_on_spills(kernel: Kernel, stacklevel: int = 2) -> list:
     return bad
 
 
+def _nvcc_available() -> bool:
+    from .toolchain import find_nvcc
+
+    try:
+        find_nvcc()
+        return True
+    except ToolchainError:
+        return False
+
+
 def jit_through_cubin_cache(arch):
     """The CUDA JIT callback that :func:`cached_jit` installs: CUDA source -> cubin bytes for ``arch``, built by nvcc
     with ``toolchain.NVCC_FLAGS`` through the cubin cache (memory, then disk; nvcc only on a miss)."""
@@ -135,8 +145,8 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  #
     ``cubin_cache``: True builds the GPU binary with nvcc through the on-disk cubin cache (:func:`cached_jit`; a
     kernel built before by any process loads without compiling; the autotuner always does this); False keeps TVM's
     own JIT (NVRTC); None (default) reads ``$MMAEMIT_CUBIN_CACHE`` ("1" = True, otherwise False).
-    ``check_spills``: True builds the kernel with nvcc (through the cubin cache: free when ``cubin_cache`` built it,
-    one nvcc run per new kernel otherwise) and warns with a ``PerformanceWarning`` when ``ptxas -v`` reports spill
+    ``check_spills``: True builds the kernel with nvcc through the cubin cache (on a GPU machine that build is also
+    the binary that runs, instead of NVRTC's: one compile per kernel) and warns with a ``PerformanceWarning`` when ``ptxas -v`` reports spill
     stores / loads or a stack frame, naming registers and bytes (:func:`warn_on_spills`); skipped without nvcc.
     None (default) reads ``$MMAEMIT_CHECK_SPILLS`` ("0" = False, otherwise True).
     """
@@ -150,10 +160,14 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  #
     symbol = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
     instructions = check_instructions(ptx_instructions(func), arch, stacklevel=2)
     signature = KernelSignature(func, symbol, out_idx)  # a bad out_idx fails before the compile
-    jit = cached_jit(arch) if cubin_cache_enabled(cubin_cache) else contextlib.nullcontext()
+    check = spill_check_enabled(check_spills)
+    # the spill check reads ptxas's report of an nvcc build: let that same build be the binary that runs (one
+    # compile per kernel, not NVRTC's plus nvcc's)
+    use_nvcc = cubin_cache_enabled(cubin_cache) or (check and _nvcc_available())
+    jit = cached_jit(arch) if use_nvcc else contextlib.nullcontext()
     with tgt, jit:
         executable = tvm.compile(func, target=tgt, tir_pipeline="tirx")
     kernel = Kernel(func, arch, tgt, executable, symbol, instructions=instructions, signature=signature)
-    if spill_check_enabled(check_spills):
+    if check:
         warn_on_spills(kernel, stacklevel=2)
     return kernel
