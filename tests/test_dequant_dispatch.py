@@ -120,6 +120,19 @@ def _dispatcher(large_m=90):
                                 "hopper_mid": SMALL_HOPPER_MID}, **kw)
 
 
+@pytest.mark.parametrize("M", [7, 33])
+def test_symbolic_m_wgmma_path_by_name(M):
+    """The register-decode wgmma kernel with a symbolic M, run by name through the dispatcher (not in its plan)."""
+    from mmaemit.kernels.dequant_gemm_wgmma import WgmmaConfig
+
+    qw, tensors, kw = _weights()
+    dg = DequantGemm(N, K, interpret=True, arch="sm_90a", configs={"wgmma": WgmmaConfig(16, 2, 1, 3)}, **kw)
+    assert "wgmma" not in [r[0] for r in dg.ranges] and "wgmma" in dg.runnable_paths()
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
+    C = dg.run_path("wgmma", A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
+    _check(C, A, qw, torch.float16)
+
+
 @pytest.mark.parametrize("M", [3, 40])
 def test_dispatcher_with_quantized_zeros_gptq_style(M):
     """uint4 with integer zero codes (what GPTQ / AWQ checkpoints load as) through the GEMV and the dense path."""
@@ -148,7 +161,7 @@ def test_dispatcher_plan():
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
     assert narrow.ranges[2] == ("tiled64", 17, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == ["gemv8", "gemv16", "tiled64", "tiled128",
-                                                                      "dense_mid", "dense"]
+                                                                      "dense_mid", "dense", "wgmma"]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(ArgumentError, match="A must be a 2-D"):
         _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])

@@ -98,7 +98,8 @@ _FAKE_RATES = {"mmaemit default": 0.55, "mmaemit tuned": 0.6, "mmaemit sweep": 0
 def _impls(suite, opts) -> list:
     out = [f"mmaemit {c}" for c in opts.configs if c != "sweep"]
     if "dynamic" in opts.configs and getattr(opts, "all_paths", False):
-        out += ["mmaemit path tiled64", "mmaemit path tiled128", "mmaemit path dense_mid", "mmaemit path dense"]
+        out += ["mmaemit path tiled64", "mmaemit path tiled128", "mmaemit path dense_mid", "mmaemit path dense",
+                "mmaemit path wgmma"]
     if "sweep" in opts.configs:
         out += ["mmaemit sweep"]
     peers = {"gemm": ["torch.matmul"], "int8": ["torch._int_mm"], "fp8": ["torch._scaled_mm"],
@@ -319,7 +320,7 @@ def _dequant_dynamic(p: Problem, opts, arch, A, rot, ref, floor) -> list:
                                          a["zeros_mode"], arch)
     todo = [("mmaemit dynamic", dg.path_for(M))]
     if getattr(opts, "all_paths", False):
-        todo += [(f"mmaemit path {q}", q) for q in ("tiled64", "tiled128", "dense_mid", "dense")
+        todo += [(f"mmaemit path {q}", q) for q in ("tiled64", "tiled128", "dense_mid", "dense", "wgmma")
                  if q in dg.runnable_paths()]
     rows = []
     tol = 2e-3 if A.dtype == torch.float16 else 8e-3

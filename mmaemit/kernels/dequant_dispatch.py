@@ -32,10 +32,11 @@ from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 
 from .dequant_dense import DenseConfig, make_dequant_to_dense
 from .dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
+from .dequant_gemm_wgmma import WgmmaConfig, make_dequant_gemm_wgmma
 from .dequant_parts import check_scheme
 from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
-__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "prebuild"]
+__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "EXTRA_PATHS", "prebuild"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -43,11 +44,13 @@ __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "prebuild"]
 LARGE_M = 17
 #: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles (128 x 128 won at M=256, lost at 1024)
 WIDE_M = 512
-#: path names, smallest M first
+#: path names, smallest M first; "wgmma" (the register-decode Hopper kernel of
+#: :mod:`mmaemit.kernels.dequant_gemm_wgmma`, symbolic M) is runnable by name but not in the plan until measured
 PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
+EXTRA_PATHS = ("wgmma",)
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
-             "hopper_mid": HopperGemmConfig(block_n=128)}
+             "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4)}
 
 
 def _interpret_default() -> bool:
@@ -87,7 +90,7 @@ class DequantGemm:
             raise TileShapeError(f"group_size={group_size} must divide K={K} and be a multiple of 64 (or -1)")
         check_scheme(weight_format, zeros_mode)
         self.weight_format, self.zeros_mode = weight_format, zeros_mode
-        extra = ("hopper", "hopper_mid")
+        extra = ("hopper", "hopper_mid") + EXTRA_PATHS
         unknown = set(configs or {}) - set(PATHS) - set(extra)
         if unknown:
             raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + extra)}, not "
@@ -109,6 +112,8 @@ class DequantGemm:
             return N % (16 * cfg.n_blocks) == 0 and K % (64 * cfg.k_slices * 2) == 0
         if path.startswith("tiled"):
             return N % cfg.block_n == 0
+        if path == "wgmma":
+            return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
         return True
 
     def _plan(self):
@@ -137,7 +142,8 @@ class DequantGemm:
     def runnable_paths(self) -> list:
         """Every path that can run this problem here (the plan's and those it leaves unused), in :data:`PATHS`
         order."""
-        return [p for p in PATHS if self._fits(p) and (not p.startswith("dense") or self.large_m is not None)]
+        return [p for p in PATHS + EXTRA_PATHS if self._fits(p) and
+                (not p.startswith(("dense", "wgmma")) or self.large_m is not None)]
 
     def path_for(self, M: int) -> str:
         """The path that serves ``M`` rows."""
@@ -157,6 +163,8 @@ class DequantGemm:
             return (make_dequant_gemv(None, N, K, G, dt, cfg, arch, m_max=8 if path == "gemv8" else 16, **kw)[0],)
         if path.startswith("tiled"):
             return (make_dequant_gemm_tiled(None, N, K, G, dt, cfg, arch, **kw)[0],)
+        if path == "wgmma":
+            return (make_dequant_gemm_wgmma(None, N, K, G, dt, cfg, arch, **kw)[0],)
         if path == "dequant":
             return (make_dequant_to_dense(N, K, G, dt, self.configs["dense"], arch, **kw),)
         hcfg = self.configs["hopper" if path == "dense" else "hopper_mid"]

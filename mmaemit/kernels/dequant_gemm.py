@@ -34,7 +34,7 @@ from mmaemit.dequant.kernel_layout import CHUNK, words_per_chunk
 from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import (WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_MODES, check_scheme,  # noqa: F401
-                                           grid_kernel, kernel_decode_program, pair_of_column)
+                                           grid_kernel, kernel_decode_program, pair_of_column, symbolic_m)
 
 
 class _WordPlan:
@@ -85,24 +85,6 @@ class GemvConfig:
     stages: int = 4      # depth of the per-thread cp.async weight ring (chunks in flight)
     min_blocks_per_sm: int = 2   # __launch_bounds__ minimum: 2 asks nvcc to fit two CTAs per SM in registers
     decode_variant: str = "shift"  # "marlin": two-mask int4 decode (fp16 only; 9 instead of 11 ops per 8 weights)
-
-
-def symbolic_m(M, m_max=None, limit=None):
-    """``(M expression, largest M)`` for a builder's ``M``: an int gives ``(M, M)``; None gives a fresh symbolic
-    ``m`` (an int32 ``tvm.tirx.Var``: the buffers' row count, bound from A's shape at every call, so one compiled
-    kernel serves every M up to ``m_max``) and ``m_max`` (default ``limit``)."""
-    if M is None:
-        import tvm
-
-        top = m_max if m_max is not None else limit
-        if top is None or not isinstance(top, int) or top < 1:
-            raise TileShapeError(f"a symbolic M needs m_max, a positive int (got {top!r})")
-        if limit is not None and top > limit:
-            raise TileShapeError(f"m_max={top} exceeds this path's limit of {limit}")
-        return tvm.tirx.Var("m", "int32"), top
-    if not isinstance(M, int) or isinstance(M, bool):
-        raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
-    return M, M
 
 
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,

@@ -69,12 +69,12 @@ class WgmmaConfig:
 
 
 def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: WgmmaConfig = WgmmaConfig(),
-                            arch="sm_90a", *, weight_format="int4", zeros_mode=None):
+                            arch="sm_90a", *, weight_format="int4", zeros_mode=None, m_max=None):
     """Build ``gemm(A, W, S, C)`` (``gemm(A, W, S, Z, C)`` with zeros) for sm_90a; arguments and layouts as
     :func:`mmaemit.kernels.dequant_gemm.make_dequant_gemv` (A [M, K], W int32 kernel layout, S / Z [N/16, K/G, 4, 4],
     C [M, N]). Emits ``wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{f16,bf16}.{f16,bf16}`` (A from registers,
     B from a 128-byte-swizzled K-major shared tile), ``cp.async`` 4/8/16 bytes, the decode program's lop3/prmt/
-    half2 ops and ``fence.proxy.async``."""
+    half2 ops and ``fence.proxy.async``. ``M=None``: a symbolic M (one kernel for every M >= 1)."""
     from tvm.script import tirx as T
 
     from mmaemit import isa
@@ -110,8 +110,12 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
         raise TileShapeError(f"N={N} must be a multiple of 64 * warpgroups * m64_per_wg = {BW}")
     if K % CHUNK or G % CHUNK or K % G:
         raise TileShapeError(f"K={K} and group_size={group_size} must be multiples of {CHUNK}, the group dividing K")
-    if M < 1:
+    if M is not None and (not isinstance(M, int) or M < 1):
         raise TileShapeError(f"M must be >= 1, not {M}")
+    from mmaemit.kernels.dequant_parts import symbolic_m
+
+    DYN = M is None          # a symbolic M: one kernel for every M >= 1 (the activation-tile order m-fastest)
+    M, _ = symbolic_m(M, m_max if m_max is not None else (1 << 31) - 1)
     WPC = words_per_chunk(bits)            # words per lane per n16 block and 64-wide chunk (kernel_layout)
     THREADS = 128 * WG
     NW = 4 * WG
@@ -150,8 +154,12 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
 
     @T.inline
     def body(A, W, S, Z, C, pid, warp, lane):
-        bt = T.meta_var(panel_swizzle(pid, GT, GN, cfg.panel)[0])
-        bn = T.meta_var(panel_swizzle(pid, GT, GN, cfg.panel)[1])
+        tile = T.alloc_local((2,), "int32")      # symbolic M: the tile once, in registers (no divisions per use)
+        if DYN:
+            tile[0] = pid % GT
+            tile[1] = pid // GT
+        bt = T.meta_var(tile[0] if DYN else panel_swizzle(pid, GT, GN, cfg.panel)[0])
+        bn = T.meta_var(tile[1] if DYN else panel_swizzle(pid, GT, GN, cfg.panel)[1])
         tid = T.meta_var(warp * 32 + lane)
         wg = T.meta_var(warp // 4)
         wi = T.meta_var(warp % 4)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from mmaemit.dequant.decode import decode_program
 from mmaemit.dequant.formats import get_format
 from mmaemit.dequant.kernel_layout import CHUNK, KERNEL_FORMATS
-from mmaemit.errors import UnsupportedConfigError, choices
+from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 __all__ = ["WEIGHT_FORMATS", "ZEROS_FORMATS", "ZEROS_MODES", "kernel_decode_program", "check_scheme",
-           "pair_of_column", "grid_kernel"]
+           "pair_of_column", "grid_kernel", "symbolic_m"]
 
 WEIGHT_FORMATS = KERNEL_FORMATS      # every per-element format with a per-(n, group) scale: one kernel layout
 ZEROS_FORMATS = tuple(f for f in WEIGHT_FORMATS if get_format(f).kind == "uint")   # zero points: unsigned codes
@@ -83,3 +83,21 @@ def grid_kernel(body, M, N, K, G, WPC, dtype, z_dtype, ctas, warps):
             lane = T.lane_id([32])
             body(A, W, S, Z, C, pid, warp, lane)
     return gemm
+
+
+def symbolic_m(M, m_max=None, limit=None):
+    """``(M expression, largest M)`` for a builder's ``M``: an int gives ``(M, M)``; None gives a fresh symbolic
+    ``m`` (an int32 ``tvm.tirx.Var``: the buffers' row count, bound from A's shape at every call, so one compiled
+    kernel serves every M up to ``m_max``) and ``m_max`` (default ``limit``)."""
+    if M is None:
+        import tvm
+
+        top = m_max if m_max is not None else limit
+        if top is None or not isinstance(top, int) or top < 1:
+            raise TileShapeError(f"a symbolic M needs m_max, a positive int (got {top!r})")
+        if limit is not None and top > limit:
+            raise TileShapeError(f"m_max={top} exceeds this path's limit of {limit}")
+        return tvm.tirx.Var("m", "int32"), top
+    if not isinstance(M, int) or isinstance(M, bool):
+        raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
+    return M, M
