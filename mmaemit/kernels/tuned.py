@@ -13,7 +13,8 @@ or get the compiled winner for a problem and launch it yourself::
 Candidate sets (the hand sweeps of ``benchmarks/`` that picked today's defaults): the mma.sync GEMM's CTA tiles x
 ``stages`` 3 / 4 per operand width (12 for 16- and 8-bit operands, 8 for 4-bit; warp tiles 64 x 64), pruned by
 divisibility and the arch's shared memory, plus on sm_90a the Hopper TMA + wgmma GEMM's 8 (every major for 16-bit
-dtypes, A [M, K] and B [N, K] for 8-bit; the untuned default takes it for K-contiguous operands only) (``block_n`` x ``stages`` x ``cluster_m``; fp8 unscaled, the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
+dtypes, A [M, K] and B [N, K] for 8-bit; the untuned default takes it for K-contiguous operands only; ``block_n`` x ``stages`` x ``cluster_m``, fp8 unscaled,
+the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
 ``TiledConfig`` sweep plus, on sm_90a, the ``WgmmaConfig`` sweep (tuning decides between mma.sync and wgmma). The
 dequant table key buckets M to the next power of two. ``MMAEMIT_AUTOTUNE=0`` gives the hand-picked defaults.
 
