@@ -4,7 +4,8 @@ MLP: gate / up 4096 -> 14336, SiLU gating, down 14336 -> 4096. Attention project
 k / v 4096 -> 1024 (GQA, 8 KV heads). Random weights (std 0.02), quantized round-to-nearest int4 with group 128
 (``QuantLinear.from_linear``). Correctness first, at every M: the quantized block against (a) the same block on the
 exactly dequantized weights in fp32 (the kernels' own error: tight) and (b) the fp16 module (quantization error
-included: reported). Then both blocks are captured in CUDA graphs and timed by CUDA-event medians of the replays
+included: reported; random std-0.02 weights in int4 RTN g128 lose ~10 % per layer, ~21 % through the gated MLP,
+so that check only catches gross errors, at 0.3). Then both blocks are captured in CUDA graphs and timed by CUDA-event medians of the replays
 (``mmaemit.runtime.timing.median_time``; GPU time without Python overhead; the blocks' weights exceed the 50 MB L2,
 so no rotation).
 
@@ -127,7 +128,7 @@ def main(argv=None):
                 e_exact = rel(y, twin(x.float()))
                 e_fp = rel(y, block(x))
             ok = not torch.isnan(y).any().item() and e_exact < (1e-2 if dtype == torch.float16 else 3e-2) \
-                and e_fp < 0.2
+                and e_fp < 0.3
             failed |= not ok
             with torch.no_grad():
                 tq = graph_time(q, x)

@@ -111,6 +111,25 @@ def flash_attention():
 
 
 @case
+def dequant_tiled_paths():
+    """The symbolic-M mma.sync tiled paths (what serves M > 16 without wgmma) at ragged M."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+    from mmaemit.dequant import QuantScheme, quantize
+    from mmaemit.dequant.kernel_layout import kernel_arguments
+
+    qw = quantize(torch.randn(512, 1024).half(), QuantScheme("int4", 128))
+    tensors, kw = kernel_arguments(qw)
+    tensors = [t.cuda() for t in tensors]
+    w = qw.dequantize().double().cuda()
+    dg = DequantGemm(512, 1024, arch="sm_90a", large_m=1000, **kw)
+    ok = True
+    for M in (33, 100):                                 # tiled64, tiled128
+        x = torch.randn(M, 1024, device="cuda").half()
+        ok &= _rel(dg(x, *tensors), x.double() @ w.T) < 3e-3
+    return bool(ok)
+
+
+@case
 def dequant_every_path():
     from mmaemit.nn import QuantLinear
     torch.manual_seed(6)
@@ -118,7 +137,7 @@ def dequant_every_path():
     q = QuantLinear.from_linear(lin, "int4", group_size=128).warmup()
     w = q.dequantized_weight().double().cuda()
     ok = True
-    for M in (1, 12, 40, 100, 300):                # gemv8, gemv16, tiled64, tiled128, dense + Hopper GEMM
+    for M in (1, 12, 40, 300, 600):   # gemv8, gemv16, dense_mid (dequant + 128x128 GEMM), dense (128x256 GEMM)
         x = torch.randn(M, 1024, device="cuda").half()
         y = q(x)
         ref = x.double() @ w.T + lin.bias.double()

@@ -84,7 +84,9 @@ def test_symbolic_m_signature_binds_m_from_a():
 
 @pytest.mark.parametrize("fmt, dtype, zeros_mode", [("int4", torch.float16, None), ("int4", torch.bfloat16, None),
                                                     ("int8", torch.float16, None), ("uint2", torch.float16, "original"),
-                                                    ("nf4", torch.bfloat16, None), ("int1", torch.float16, None)])
+                                                    ("nf4", torch.bfloat16, None), ("int1", torch.float16, None),
+                                                    ("uint4", torch.float16, "quantized"),
+                                                    ("uint8", torch.bfloat16, "quantized")])
 def test_dequant_to_dense_is_bit_exact(fmt, dtype, zeros_mode):
     """The dense kernel's output equals dequantize() rounded to the activation dtype, element for element."""
     qw, tensors, kw = _weights(fmt, dtype, zeros_mode, n=32, k=256)
@@ -118,6 +120,17 @@ def _dispatcher(large_m=90):
                                 "hopper_mid": SMALL_HOPPER_MID}, **kw)
 
 
+@pytest.mark.parametrize("M", [3, 40])
+def test_dispatcher_with_quantized_zeros_gptq_style(M):
+    """uint4 with integer zero codes (what GPTQ / AWQ checkpoints load as) through the GEMV and the dense path."""
+    qw, tensors, kw = _weights("uint4", torch.float16, "quantized")
+    dg = DequantGemm(N, K, interpret=True, large_m=17, wide_m=17, arch="sm_90a",
+                     configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER}, **kw)
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
+    C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
+    _check(C, A, qw, torch.float16)
+
+
 def test_dispatcher_plan():
     dg = _dispatcher()
     assert [(p, lo, hi) for p, lo, hi in dg.ranges] == [("gemv8", 1, 8), ("gemv16", 9, 16), ("tiled64", 17, 64),
@@ -134,6 +147,9 @@ def test_dispatcher_plan():
     narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, wide_m=256, interpret=True, **kw)   # N=64
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
     assert narrow.ranges[2] == ("tiled64", 17, 255)
+    assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == ["gemv8", "gemv16", "tiled64", "tiled128",
+                                                                      "dense_mid", "dense"]
+    assert "dense" not in plain.runnable_paths()
     with pytest.raises(ArgumentError, match="A must be a 2-D"):
         _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])
 

@@ -320,7 +320,7 @@ def _dequant_dynamic(p: Problem, opts, arch, A, rot, ref, floor) -> list:
     todo = [("mmaemit dynamic", dg.path_for(M))]
     if getattr(opts, "all_paths", False):
         todo += [(f"mmaemit path {q}", q) for q in ("tiled64", "tiled128", "dense_mid", "dense")
-                 if any(r[0] == q for r in dg.ranges)]
+                 if q in dg.runnable_paths()]
     rows = []
     tol = 2e-3 if A.dtype == torch.float16 else 8e-3
     for impl, path in todo:

@@ -7,8 +7,8 @@ path           M range (defaults)           kernel
 =============  ===========================  ====================================================================
 ``gemv8``      1 .. 8                       :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
 ``gemv16``     9 .. 16                      the same with ``m_max=16`` (two A rows per lane)
-``tiled64``    17 .. 64                     :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
-``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles
+``tiled64``    17 .. 64 (without sm_90a)    :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
+``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles (``large_m`` > 65, or no sm_90a)
 ``dense_mid``  ``large_m`` .. ``wide_m`` - 1 :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into a
                (sm_90a)                     fp16 / bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
                                             (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``)
@@ -37,10 +37,12 @@ from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "prebuild"]
 
-#: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a
-LARGE_M = 128
-#: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles
-WIDE_M = 1024
+#: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
+#: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
+#: GPUs without wgmma
+LARGE_M = 17
+#: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles (128 x 128 won at M=256, lost at 1024)
+WIDE_M = 512
 #: path names, smallest M first
 PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
@@ -132,6 +134,11 @@ class DequantGemm:
             out.append((p, lo, hi))
         return out
 
+    def runnable_paths(self) -> list:
+        """Every path that can run this problem here (the plan's and those it leaves unused), in :data:`PATHS`
+        order."""
+        return [p for p in PATHS if self._fits(p) and (not p.startswith("dense") or self.large_m is not None)]
+
     def path_for(self, M: int) -> str:
         """The path that serves ``M`` rows."""
         if M < 1:
@@ -198,11 +205,13 @@ class DequantGemm:
 
     def run_path(self, path, A, W, S, Z=None, out=None):
         """Run one named path (any path serves any M >= 1, except the GEMVs: M <= 8 / 16), e.g. to time the
-        paths against each other; ``__call__`` picks by M."""
+        paths against each other, including paths the plan does not use (the tiled paths on sm_90a); ``__call__``
+        picks by M."""
         import torch
 
-        if path not in [r[0] for r in self.ranges]:
-            raise UnsupportedConfigError(f"path {path!r} is not one of this problem's {choices(r[0] for r in self.ranges)}")
+        runnable = self.runnable_paths()
+        if path not in runnable:
+            raise UnsupportedConfigError(f"path {path!r} cannot run this problem here; valid: {choices(runnable)}")
         M = A.shape[0]
         if path.startswith("gemv") and M > (8 if path == "gemv8" else 16):
             raise ArgumentError(f"path {path} serves M <= {8 if path == 'gemv8' else 16}, not M={M}")

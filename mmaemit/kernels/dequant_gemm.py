@@ -414,8 +414,14 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
 
     @T.inline
     def body(A, W, S, Z, C, pid, warp, lane):
-        bm = T.meta_var(pid % GM if DYN else panel_swizzle(pid, GM, GN, cfg.panel)[0])
-        bn = T.meta_var(pid // GM if DYN else panel_swizzle(pid, GM, GN, cfg.panel)[1])
+        # a symbolic M makes the tile-row count a run-time divisor: compute the tile once into registers (as
+        # expressions it would be re-derived, with integer divisions, at every use inside the K loop)
+        tile = T.alloc_local((2,), "int32")
+        if DYN:
+            tile[0] = pid % GM
+            tile[1] = pid // GM
+        bm = T.meta_var(tile[0] if DYN else panel_swizzle(pid, GM, GN, cfg.panel)[0])
+        bn = T.meta_var(tile[1] if DYN else panel_swizzle(pid, GM, GN, cfg.panel)[1])
         tid = T.meta_var(warp * 32 + lane)
         pool = T.SMEMPool()
         As = pool.alloc((ST, BM, CHUNK), dtype, align=1024)
