@@ -39,10 +39,10 @@ def gemm_mma():
     return _rel(C, reference(A, B).double()) < 2e-3
 
 
-def _hopper(M, N, K, dtype, **cfg):
+def _hopper(M, N, K, dtype, trans_a=False, trans_b=True, **cfg):
     from mmaemit.kernels.gemm_hopper import HopperGemmConfig, default_out_dtype, make_gemm_hopper
 
-    k = mmaemit.compile(make_gemm_hopper(M, N, K, dtype, config=HopperGemmConfig(**cfg))[0])
+    k = mmaemit.compile(make_gemm_hopper(M, N, K, dtype, None, trans_a, trans_b, config=HopperGemmConfig(**cfg))[0])
     g = torch.Generator(device="cuda").manual_seed(M + N + K)
     out = getattr(torch, default_out_dtype(dtype))
     if dtype == "int8":
@@ -52,7 +52,7 @@ def _hopper(M, N, K, dtype, **cfg):
         A = (torch.randn(M, K, generator=g, device="cuda") / K ** 0.25).to(getattr(torch, dtype))
         B = (torch.randn(N, K, generator=g, device="cuda") / K ** 0.25).to(getattr(torch, dtype))
     C = torch.full((M, N), -1 if out == torch.int32 else float("nan"), dtype=out, device="cuda")
-    args = [A, B, C]
+    args = [A.T.contiguous() if trans_a else A, B if trans_b else B.T.contiguous(), C]
     if dtype.startswith("float8"):
         args += [torch.ones(1, device="cuda"), torch.ones(1, device="cuda")]
     k(*args)
@@ -94,7 +94,11 @@ def hopper_example():
 
 
 @case
-def flash_attention():
+def hopper_gemm_mn_major():
+    return _hopper(320, 512, 256, "float16", trans_a=True, trans_b=False)
+
+
+def _attention(implementation):
     from mmaemit.kernels.flash_attention import flash_attention as fa
     from mmaemit.kernels.flash_attention import reference
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -103,11 +107,21 @@ def flash_attention():
         q = torch.randn(B, S, H, D, generator=g, device="cuda").half()
         k = torch.randn(B, SK, HK, D, generator=g, device="cuda").half()
         v = torch.randn(B, SK, HK, D, generator=g, device="cuda").half()
-        o, lse = fa(q, k, v, causal=causal)
+        o, lse = fa(q, k, v, causal=causal, implementation=implementation)
         ro, rlse = reference(q, k, v, causal=causal)
         ok &= (o.cpu().double() - ro.double()).abs().max().item() < 2e-2
         ok &= (lse.cpu().double() - rlse.double()).abs().max().item() < 1e-3
     return bool(ok)
+
+
+@case
+def flash_attention():
+    return _attention("mma_sync")
+
+
+@case
+def flash_attention_hopper():
+    return _attention("wgmma")
 
 
 @case

@@ -12,8 +12,9 @@ or get the compiled winner for a problem and launch it yourself::
 
 Candidate sets (the hand sweeps of ``benchmarks/`` that picked today's defaults): the mma.sync GEMM's CTA tiles x
 ``stages`` 3 / 4 per operand width (12 for 16- and 8-bit operands, 8 for 4-bit; warp tiles 64 x 64), pruned by
-divisibility and the arch's shared memory, plus on sm_90a with A [M, K] and B [N, K] (``trans_b=True``) the Hopper
-TMA + wgmma GEMM's 8 (``block_n`` x ``stages`` x ``cluster_m``; fp8 unscaled, the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
+divisibility and the arch's shared memory, plus on sm_90a the Hopper TMA + wgmma GEMM's 8 (every major for 16-bit
+dtypes, A [M, K] and B [N, K] for 8-bit; the untuned default takes it for K-contiguous operands only; ``block_n`` x ``stages`` x ``cluster_m``, fp8 unscaled,
+the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
 ``TiledConfig`` sweep plus, on sm_90a, the ``WgmmaConfig`` sweep (tuning decides between mma.sync and wgmma). The
 dequant table key buckets M to the next power of two. ``MMAEMIT_AUTOTUNE=0`` gives the hand-picked defaults.
 
@@ -137,14 +138,18 @@ def _num_sms() -> int:
     return 132
 
 
-def _hopper_applies(args) -> bool:
+def _hopper_applies(args, k_major_only=False) -> bool:
+    """The Hopper GEMM takes the problem: sm_90a, one dtype it supports, and operands wgmma can read — K-contiguous
+    A [M, K] / B [N, K] for every dtype, M/N-contiguous ones (A [K, M], B [K, N]) for 16-bit dtypes only."""
     dt = canonical(args["dtype"])
-    return (args.get("arch") == "sm_90a" and dt in HOPPER_DTYPES and not args.get("trans_a", False)
-            and args.get("trans_b", False) and canonical(args.get("b_dtype") or dt) == dt)
+    if args.get("arch") != "sm_90a" or dt not in HOPPER_DTYPES or canonical(args.get("b_dtype") or dt) != dt:
+        return False
+    k_major = not args.get("trans_a", False) and args.get("trans_b", False)
+    return k_major or (not k_major_only and bits(dt) == 16)
 
 
 def hopper_gemm_configs(args) -> list:
-    """The Hopper GEMM's candidates (sm_90a, K-contiguous A [M, K] and B [N, K]): ``block_n`` 128 / 256 x ``stages``
+    """The Hopper GEMM's candidates (sm_90a; any major for 16-bit dtypes, K-contiguous for 8-bit): ``block_n`` 128 / 256 x ``stages``
     3 / 4 x ``cluster_m`` 1 / 2 (B multicast), two consumer warpgroups, the persistent grid = the GPU's SMs."""
     if not _hopper_applies(args):
         return []
@@ -191,7 +196,7 @@ def default_gemm_config(args) -> dict:
     """Today's hand-picked configuration: the Hopper GEMM's ``HopperGemmConfig()`` where it applies (sm_90a,
     A [M, K] and B [N, K]); else ``GemmConfig()`` for 16-bit operands, 128x128x64 / 3 stages for 8- and 4-bit ones
     (block_k = 64 holds one k32 / k64 step per warp tile)."""
-    if _hopper_applies(args):
+    if _hopper_applies(args, k_major_only=True):      # measured default; M/N-major Hopper configs are tuned only
         return {"config": HopperGemmConfig(num_sms=_num_sms())}
     if _operand_bits(args) == 16:
         return {"config": GemmConfig()}
