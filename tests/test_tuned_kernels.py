@@ -6,6 +6,7 @@ import torch
 from mmaemit.kernels import tuned as T
 from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig
 from mmaemit.kernels.dequant_gemm_wgmma import WgmmaConfig
+from mmaemit.kernels.gemm_hopper import HopperGemmConfig
 from mmaemit.kernels.gemm_mma import GemmConfig
 
 
@@ -24,7 +25,7 @@ def test_gemm_candidates_cover_the_sweeps_and_contain_the_default(dtype, n):
     # the mma.sync sweep (16-bit M/N-major problems on sm_90a also get the Hopper family's candidates)
     cands = [c for c in valid(T.gemm_kernel, 4096, 4096, 4096, dtype, arch="sm_90a") if isinstance(c, GemmConfig)]
     assert len(cands) == n and len(set(cands)) == n
-    assert T.gemm_kernel.default_params(4096, 4096, 4096, dtype, arch="sm_90a")["config"] in cands
+    assert T.gemm_kernel.default_params(4096, 4096, 4096, dtype, arch="sm_80")["config"] in cands
     assert all(isinstance(c, GemmConfig) and c.stages in (3, 4) for c in cands)
 
 
@@ -40,10 +41,11 @@ def test_k_contiguous_gemms_on_hopper_add_the_wgmma_family(dtype):
     assert not [c for c in valid(T.gemm_kernel, 4096, 4096, 4096, dtype, trans_b=True, arch="sm_80")
                 if isinstance(c, HopperGemmConfig)]
     mn = [c for c in valid(T.gemm_kernel, 4096, 4096, 4096, dtype, arch="sm_90a") if isinstance(c, HopperGemmConfig)]
-    # B [K, N] (M/N-contiguous): wgmma reads it for 16-bit dtypes only; tuned, not the default
-    assert len(mn) == (8 if dtype in ("float16", "bfloat16") else 0)
-    assert not isinstance(T.gemm_kernel.default_params(4096, 4096, 4096, dtype, arch="sm_90a")["config"],
-                          HopperGemmConfig)
+    # B [K, N] (M/N-contiguous): wgmma reads it for 16-bit dtypes only (and it is then the default too)
+    sixteen = dtype in ("float16", "bfloat16")
+    assert len(mn) == (8 if sixteen else 0)
+    assert isinstance(T.gemm_kernel.default_params(4096, 4096, 4096, dtype, arch="sm_90a")["config"],
+                      HopperGemmConfig) == sixteen
     if mn:
         func, _ = T.build_gemm(512, 768, 1024, dtype, trans_a=True, arch="sm_90a", config=mn[0])
         text = func.script()
@@ -107,8 +109,10 @@ def test_dequant_reference_matches_the_quantized_weight(fmt, zeros):
 
 def test_autotune_off_uses_the_hand_picked_default(monkeypatch):
     monkeypatch.setenv("MMAEMIT_AUTOTUNE", "0")
-    r = T.gemm_kernel.tune(4096, 4096, 4096, "bfloat16", arch="sm_90a")
+    r = T.gemm_kernel.tune(4096, 4096, 4096, "bfloat16", arch="sm_80")
     assert r.source == "default" and r.winner == {"config": GemmConfig()}
+    r = T.gemm_kernel.tune(4096, 4096, 4096, "bfloat16", arch="sm_90a")
+    assert r.source == "default" and isinstance(r.winner["config"], HopperGemmConfig)
 
 
 def test_a_new_family_joins_the_candidates():

@@ -13,7 +13,7 @@ or get the compiled winner for a problem and launch it yourself::
 Candidate sets (the hand sweeps of ``benchmarks/`` that picked today's defaults): the mma.sync GEMM's CTA tiles x
 ``stages`` 3 / 4 per operand width (12 for 16- and 8-bit operands, 8 for 4-bit; warp tiles 64 x 64), pruned by
 divisibility and the arch's shared memory, plus on sm_90a the Hopper TMA + wgmma GEMM's 8 (every major for 16-bit
-dtypes, A [M, K] and B [N, K] for 8-bit; the untuned default takes it for K-contiguous operands only; ``block_n`` x ``stages`` x ``cluster_m``, fp8 unscaled,
+dtypes, A [M, K] and B [N, K] for 8-bit; also the untuned default wherever it applies; ``block_n`` x ``stages`` x ``cluster_m``, fp8 unscaled,
 the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
 ``TiledConfig`` sweep plus, on sm_90a, the ``WgmmaConfig`` sweep (tuning decides between mma.sync and wgmma). The
 dequant table key buckets M to the next power of two. ``MMAEMIT_AUTOTUNE=0`` gives the hand-picked defaults.
@@ -193,10 +193,10 @@ def gemm_prune(params, args):
 
 
 def default_gemm_config(args) -> dict:
-    """Today's hand-picked configuration: the Hopper GEMM's ``HopperGemmConfig()`` where it applies (sm_90a,
-    A [M, K] and B [N, K]); else ``GemmConfig()`` for 16-bit operands, 128x128x64 / 3 stages for 8- and 4-bit ones
+    """Today's hand-picked configuration: the Hopper GEMM's ``HopperGemmConfig()`` where it applies (sm_90a; any
+    major for 16-bit dtypes, A [M, K] and B [N, K] for 8-bit); else ``GemmConfig()`` for 16-bit operands, 128x128x64 / 3 stages for 8- and 4-bit ones
     (block_k = 64 holds one k32 / k64 step per warp tile)."""
-    if _hopper_applies(args, k_major_only=True):      # measured default; M/N-major Hopper configs are tuned only
+    if _hopper_applies(args):   # H100, 4096^3 fp16 with B [K, N]: 192.9 us vs the mma.sync default's 343.2 (1.78x)
         return {"config": HopperGemmConfig(num_sms=_num_sms())}
     if _operand_bits(args) == 16:
         return {"config": GemmConfig()}
