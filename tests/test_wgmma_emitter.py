@@ -508,6 +508,11 @@ def test_warpgroup_accumulator_as_rs_operand(dt, n):
     assert len(pack) == o.k_steps and all(len(step) == 4 for step in pack)
     used = sorted(reg for step in pack for regs in step for reg, _ in regs)
     assert used == list(range(c.local_size_c))                         # every accumulator once
+    # the same map as the per-warp mma.sync proof (two n8 C tiles = one k16 A step), register for register
+    from mmaemit.layouts.accumulator_operand import accumulator_as_operand
+
+    warp = accumulator_as_operand(dt, "float32").pack_order()
+    assert pack == [[[(4 * (2 * ks + h) + r, e) for h, r, e in warp[q]] for q in range(4)] for ks in range(o.k_steps)]
     for t in range(128):                                              # independent check, element by element
         for ks, step in enumerate(pack):
             for q, regs in enumerate(step):

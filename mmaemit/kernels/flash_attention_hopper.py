@@ -123,7 +123,6 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
     SL2 = scale * LOG2E
     H, HK, GROUP = heads, kv_heads, heads // kv_heads
     MB = -(-max_seqlen_q // BM)
-    DP = D // PANEL                             # 128-byte panels of a d-wide row
     # S = Q K^T: SS, A = the Q tile [BM, d] (no stages; each consumer reads its 64 rows), B = the K ring [ST, BN, d];
     # O += P V: RS, A = P from S's accumulators, B = the V ring: [keys, d] as loaded (N-major) or Vt [d, keys]
     em_s = WgmmaIntrinEmitter(dtype, dtype, "float32", BN, form="ss", block_m=BM, block_k=D, swizzle_bytes=128,
@@ -132,6 +131,10 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                               swizzle_bytes=128, stages=(ST,), arch=arch)
     q_lay, k_lay, v_lay = em_s.a_layout, em_s.b_layout, em_o.b_layout
     vr_lay = wgmma_operand_layout(BN, D, dtype, swizzle_bytes=128)   # v_major "k": the V staging tile [keys, d]
+    # Q, K and V rows of d elements arrive as one TMA box per 128-byte swizzle atom (DP atoms of SPAN columns)
+    SPAN, DP = q_lay.span, D // q_lay.span
+    if any(lay.span != SPAN for lay in (k_lay, v_lay, vr_lay)):
+        raise UnsupportedConfigError("the Q, K and V tiles must share one swizzle atom width")
     # the P packing: K step ks of P V takes S's accumulators (register for register, proven over the warpgroup)
     P_PACK = warpgroup_accumulator_as_operand(em_s.c_layout, em_o.a_fragment_layout, em_o.k_steps)
     S_ROW, O_ROW = em_s.accumulator_row_slots(), em_o.accumulator_row_slots()   # per register: its row slot
@@ -313,26 +316,26 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
                     if tid == 0:
                         mbarrier_expect_tx(qv.ptr_to([0]), Q_BYTES)
                         for p in T.unroll(DP):
-                            q_map_t.load(Qs.ptr_to(list(q_lay.index(0, p * PANEL))), q_map,
-                                         (q_start + q_row0, h * D + p * PANEL), qv.ptr_to([0]))
+                            q_map_t.load(Qs.ptr_to(list(q_lay.index(0, p * SPAN))), q_map,
+                                         (q_start + q_row0, h * D + p * SPAN), qv.ptr_to([0]))
                 for n in T.serial(nb):
                     if tid == 0:
                         ring_k.producer_acquire(n)
                         ring_k.producer_expect(n, KV_BYTES)
                         for p in T.unroll(DP):
-                            k_map_t.load(Ks.ptr_to(list(k_lay.index(0, p * PANEL, n % ST))), k_map,
-                                         (k_start + n * BN, hk * D + p * PANEL), ring_k.full_ptr(n))
+                            k_map_t.load(Ks.ptr_to(list(k_lay.index(0, p * SPAN, n % ST))), k_map,
+                                         (k_start + n * BN, hk * D + p * SPAN), ring_k.full_ptr(n))
                         if VMN:
                             ring_vt.producer_acquire(n)
                             ring_vt.producer_expect(n, KV_BYTES)
                             for p in T.unroll(DP):
-                                v_map_t.load(Vt.ptr_to(list(v_lay.index(p * PANEL, 0, n % ST))), v_map,
-                                             (k_start + n * BN, hk * D + p * PANEL), ring_vt.full_ptr(n))
+                                v_map_t.load(Vt.ptr_to(list(v_lay.index(p * SPAN, 0, n % ST))), v_map,
+                                             (k_start + n * BN, hk * D + p * SPAN), ring_vt.full_ptr(n))
                         else:
                             mbarrier_expect_tx(qv.ptr_to([1]), KV_BYTES)
                             for p in T.unroll(DP):
-                                v_map_t.load(Vr.ptr_to(list(vr_lay.index(0, p * PANEL))), v_map,
-                                             (k_start + n * BN, hk * D + p * PANEL), qv.ptr_to([1]))
+                                v_map_t.load(Vr.ptr_to(list(vr_lay.index(0, p * SPAN))), v_map,
+                                             (k_start + n * BN, hk * D + p * SPAN), qv.ptr_to([1]))
                     if not VMN:
                         mbarrier_wait(qv.ptr_to([1]), n % 2)        # V block n staged
                         ring_vt.producer_acquire(n)                 # its transposed stage is free
