@@ -461,3 +461,73 @@ def test_emitter_on_gpu(a, b, acc, n, kw):
     else:
         tol = 2e-3 if acc == "float16" else 1e-5
         np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+# ---- per-operand stages, accumulator rows, accumulator -> RS A operand (FlashAttention's building blocks) ---------
+def test_per_operand_stages_and_descriptor_offsets():
+    # a single A tile (attention's Q) against a 2-stage B ring (K): each operand indexes its own stage dims
+    em = WgmmaIntrinEmitter("float16", n=128, block_m=128, block_k=128, a_stages=(), b_stages=(2,))
+    assert em.a_shared_shape == (2, 128, 64) and em.b_shared_shape == (2, 2, 128, 64)
+    a, b = em.a_layout, em.b_layout
+    assert (a.lbo, a.sbo, b.lbo, b.sbo) == (16, 1024, 16, 1024)
+    # K step 5 (k0 = 80: atom 1, column 16) of stage 1, rows 64.. of A
+    assert a.start_offset(64, 80) == 2 * (128 * 64 + 64 * 64 + 16)
+    assert b.start_offset(0, 80, 1) == 2 * (2 * 128 * 64 + 128 * 64 + 16)
+    with pytest.raises(TileShapeError, match="stage indices for operand A"):
+        em.descriptor([0], "A", 0, 0, (1,))
+    both = WgmmaIntrinEmitter("float16", n=64, stages=(3,))
+    assert both.a_stages == both.b_stages == (3,) and both.a_shared_shape[0] == 3
+
+
+@pytest.mark.parametrize("a, acc, n", [("float16", "float32", 64), ("bfloat16", "float32", 256),
+                                       ("float16", "float16", 32), ("int8", "int32", 48)])
+def test_accumulator_rows_slots_and_shuffles(a, acc, n):
+    em = WgmmaIntrinEmitter(a, None, acc, n)
+    slots = em.accumulator_row_slots()
+    assert len(slots) == em.local_elems_c and set(slots) == {0, 1}
+    assert em.accumulator_row_shuffles() == [1, 2]
+    for t in range(128):
+        rows = {}
+        for e in range(em.local_elems_c):
+            m, _ = em.accumulator_coords(t, e)
+            rows.setdefault(slots[e], set()).add(m)
+        assert all(len(v) == 1 for v in rows.values())                 # one row per slot
+        assert [em.accumulator_row(t, s) for s in (0, 1)] == [rows[0].pop(), rows[1].pop()]
+        assert em.accumulator_row(t, 0) == 16 * (t // 32) + (t % 32) // 4   # the ISA's D layout
+        for d in em.accumulator_row_shuffles():                       # the butterfly partner shares the rows
+            assert em.accumulator_row(t ^ d, 1) == em.accumulator_row(t, 1)
+
+
+@pytest.mark.parametrize("dt, n", [("float16", 64), ("bfloat16", 128)])
+def test_warpgroup_accumulator_as_rs_operand(dt, n):
+    from mmaemit.layouts.accumulator_operand import warpgroup_accumulator_as_operand
+
+    c = WgmmaIntrinEmitter(dt, n=n)                                   # S = Q K^T, 64 x n f32
+    o = WgmmaIntrinEmitter(dt, n=64, form="rs", block_k=n)            # O += P V: P = S as A, n / 16 K steps
+    pack = warpgroup_accumulator_as_operand(c.c_layout, o.a_fragment_layout, o.k_steps)
+    assert len(pack) == o.k_steps and all(len(step) == 4 for step in pack)
+    used = sorted(reg for step in pack for regs in step for reg, _ in regs)
+    assert used == list(range(c.local_size_c))                         # every accumulator once
+    # the same map as the per-warp mma.sync proof (two n8 C tiles = one k16 A step), register for register
+    from mmaemit.layouts.accumulator_operand import accumulator_as_operand
+
+    warp = accumulator_as_operand(dt, "float32").pack_order()
+    assert pack == [[[(4 * (2 * ks + h) + r, e) for h, r, e in warp[q]] for q in range(4)] for ks in range(o.k_steps)]
+    for t in range(128):                                              # independent check, element by element
+        for ks, step in enumerate(pack):
+            for q, regs in enumerate(step):
+                for x, (reg, elem) in enumerate(regs):
+                    m, k = o.a_fragment_coords(t, q, x)
+                    assert c.accumulator_coords(t, reg) == (m, ks * o.k + k)
+
+
+def test_warpgroup_accumulator_as_operand_refuses():
+    from mmaemit.layouts.accumulator_operand import warpgroup_accumulator_as_operand
+
+    c = WgmmaIntrinEmitter("float16", n=64)
+    o = WgmmaIntrinEmitter("float16", n=64, form="rs", block_k=64)
+    with pytest.raises(LayoutError, match="do not fit"):
+        warpgroup_accumulator_as_operand(c.c_layout, o.a_fragment_layout, 5)
+    s8 = WgmmaIntrinEmitter("int8", None, "int32", 64, form="rs")     # k32 A: 4 columns per thread per block of 16
+    with pytest.raises(LayoutError, match="shuffle is needed"):
+        warpgroup_accumulator_as_operand(c.c_layout, s8.a_fragment_layout, 1)

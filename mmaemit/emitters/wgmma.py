@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import isa
-from ..errors import TileShapeError, UnsupportedConfigError, choices
+from ..errors import LayoutError, TileShapeError, UnsupportedConfigError, choices
 from ..layouts.swizzle import SWIZZLE_CHOICES
 from ..layouts.wgmma import WGMMA_MAJORS, wgmma_a_layout, wgmma_accumulator_layout, wgmma_operand_layout
 from . import builder as _ir
@@ -55,13 +55,14 @@ class WgmmaIntrinEmitter:
             B tile (a multiple of ``n``; default ``n``). block_k: the K extent of both tiles (default: one swizzle span
             of the K-major operand, at least one instruction K).
         swizzle_bytes: 0, 32, 64 or 128 (both tiles; ``a_swizzle_bytes`` / ``b_swizzle_bytes`` override one).
-        stages: leading (stage) dims of both shared tiles, e.g. ``(4,)`` for a 4-deep ring.
+        stages: leading (stage) dims of both shared tiles, e.g. ``(4,)`` for a 4-deep ring (``a_stages`` /
+            ``b_stages`` override one, e.g. a single A tile read against a B ring: ``a_stages=()``).
         arch: the target (must be sm_90a). satfinite: clamp s32 accumulators (integer only).
     """
 
     def __init__(self, a_dtype="float16", b_dtype=None, accum_dtype="float32", n=128, *, form="ss", a_major="K",
                  b_major="K", block_m=64, block_n=None, block_k=None, swizzle_bytes=128, a_swizzle_bytes=None,
-                 b_swizzle_bytes=None, stages=(), arch="sm_90a", satfinite=False):
+                 b_swizzle_bytes=None, stages=(), a_stages=None, b_stages=None, arch="sm_90a", satfinite=False):
         self.instruction: isa.WgmmaInstr = isa.select_wgmma(a_dtype, b_dtype, accum_dtype, arch=arch or "sm_90a")
         ins = self.instruction
         self.a_dtype, self.b_dtype, self.accum_dtype = ins.a_dtype, ins.b_dtype, ins.accum_dtype
@@ -103,13 +104,15 @@ class WgmmaIntrinEmitter:
             raise TileShapeError(f"block_k must be a positive multiple of the wgmma K ({ins.k}), not {block_k!r}")
         self.block_m, self.block_n, self.block_k = block_m, block_n, block_k
         self.stages = tuple(int(s) for s in stages)
+        self.a_stages = self.stages if a_stages is None else tuple(int(s) for s in a_stages)
+        self.b_stages = self.stages if b_stages is None else tuple(int(s) for s in b_stages)
         self.b_layout = wgmma_operand_layout(block_n, block_k, ins.b_dtype, major=b_major,
-                                             swizzle_bytes=self.b_swizzle_bytes, stages=self.stages)
+                                             swizzle_bytes=self.b_swizzle_bytes, stages=self.b_stages)
         self.b_layout.check(self.n)
         self.a_layout = None
         if form == "ss":
             self.a_layout = wgmma_operand_layout(block_m, block_k, ins.a_dtype, major=a_major,
-                                                 swizzle_bytes=self.a_swizzle_bytes, stages=self.stages)
+                                                 swizzle_bytes=self.a_swizzle_bytes, stages=self.a_stages)
             self.a_layout.check(64)
         self.c_layout = wgmma_accumulator_layout(ins, self.n)
         self.a_fragment_layout = wgmma_a_layout(ins)
@@ -301,14 +304,18 @@ class WgmmaIntrinEmitter:
                                          f"{len(regs)}")
         return regs
 
-    def mma(self, acc, a, b_desc, ki, *, a_desc=None, stage=(), m0=0, n0=0, scale_d=True, scale_a=1, scale_b=1):
+    def mma(self, acc, a, b_desc, ki, *, a_desc=None, stage=(), m0=0, n0=0, scale_d=True, scale_a=1, scale_b=1,
+            a_stage=None, b_stage=None):
         """K step ``ki`` (int or PrimExpr) of the shared tiles: ``n_tiles`` wgmmas, N tile h reading B rows
         ``n0 + h n``. SS: ``a`` is the A descriptor register (``init_descriptor``), rows ``m0 .. m0 + 63`` of the A
-        tile; RS: ``a`` is the 4 A registers of this step. ``b_desc``: the B descriptor register."""
+        tile; RS: ``a`` is the 4 A registers of this step. ``b_desc``: the B descriptor register. ``stage`` indexes
+        both tiles' stage dims; ``a_stage`` / ``b_stage`` override it per operand (``a_stages`` / ``b_stages``)."""
         k0 = ki * self.k
-        a_val = self.descriptor(a, "A", m0, k0, stage) if self.form == "ss" else a
+        a_stage = stage if a_stage is None else a_stage
+        b_stage = stage if b_stage is None else b_stage
+        a_val = self.descriptor(a, "A", m0, k0, a_stage) if self.form == "ss" else a
         for h in range(self.n_tiles):
-            b_val = self.descriptor(b_desc, "B", n0 + h * self.n, k0, stage)
+            b_val = self.descriptor(b_desc, "B", n0 + h * self.n, k0, b_stage)
             self.mma_async(acc, a_val, b_val, scale_d, n_tile=h, scale_a=scale_a, scale_b=scale_b)
 
     def mma_block(self, acc, a, b_desc, *, stage=(), m0=0, n0=0, scale_d=True, scale_a=1, scale_b=1):
@@ -339,6 +346,52 @@ class WgmmaIntrinEmitter:
         h, r = reg // self.accum_regs, reg % self.accum_regs
         m, n = self.c_layout.forward(thread, r, half)
         return m, h * self.n + n
+
+    def accumulator_row_slots(self):
+        """Per flat accumulator element ``e``: the index (0, 1, ...) of its row among the rows the thread holds,
+        ascending, and the same for every thread of the warpgroup (proven here by enumeration): what a row-wise
+        reduction (softmax max / sum, per-row scales) indexes its per-thread row registers with. f32 / s32 m64:
+        2 rows per thread (``g`` and ``g + 8`` of the warp's 16), slots 0, 1."""
+        if getattr(self, "_row_slots", None) is not None:
+            return list(self._row_slots)
+        slots = None
+        for t in range(128):
+            rows = [self.accumulator_coords(t, e)[0] for e in range(self.local_elems_c)]
+            order = sorted(set(rows))
+            mine = [order.index(r) for r in rows]
+            if slots is None:
+                slots = mine
+            elif mine != slots:
+                raise LayoutError(f"{self.ptx()}: thread {t} holds its accumulator rows in another order "
+                                  f"({mine[:8]} ... vs {slots[:8]} ...)")
+        self._row_slots = tuple(slots)
+        return slots
+
+    def accumulator_row_shuffles(self):
+        """The ``shfl.sync.bfly`` lane masks whose butterfly reduces across exactly the threads that share an
+        accumulator row (f32 m64: the 4 threads of a quad, masks 1 and 2), proven by enumeration: every thread's
+        butterfly group holds the same rows, and no other thread holds them."""
+        if getattr(self, "_row_shuffles", None) is not None:
+            return list(self._row_shuffles)
+        rows_of = [frozenset(self.accumulator_coords(t, e)[0] for e in range(self.local_elems_c)) for t in range(128)]
+        sharing = [frozenset(u for u in range(128) if rows_of[u] == rows_of[t]) for t in range(128)]
+        masks = sorted({t ^ u for t in range(128) for u in sharing[t] if t != u})
+        masks = [m for m in masks if m & (m - 1) == 0]           # the butterfly's single-bit distances
+        for t in range(128):
+            group = {t}
+            for m in masks:
+                group |= {u ^ m for u in group}
+            if group != set(sharing[t]) or any(rows_of[u] & rows_of[t] for u in range(128) if u not in group):
+                raise LayoutError(f"{self.ptx()}: the threads sharing thread {t}'s accumulator rows "
+                                  f"({sorted(sharing[t])}) are not a butterfly group of lane masks {masks}")
+        self._row_shuffles = tuple(masks)
+        return masks
+
+    def accumulator_row(self, thread, slot):
+        """The row (0..63 of the warpgroup tile) of row slot ``slot`` (see ``accumulator_row_slots``) of ``thread``
+        (may be a PrimExpr): the row of the first element in that slot."""
+        e = self.accumulator_row_slots().index(slot)
+        return self.accumulator_coords(thread, e)[0]
 
     def a_fragment_coords(self, thread, reg, elem=0):
         """(m, k) in the 64 x ``k`` A slice of one K step held by RS register ``reg`` (0..3), sub-element ``elem``."""

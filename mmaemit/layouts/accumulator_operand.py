@@ -108,3 +108,36 @@ def accumulator_as_operand(dtype="float16", accum_dtype="float32") -> Accumulato
         raise UnsupportedConfigError(f"no m16n8k16 mma for {dtype} x {dtype} -> {accum_dtype}; valid: "
                                      f"{choices(valid)}") from exc
     return AccumulatorAsOperand(ins, ins)
+
+
+def warpgroup_accumulator_as_operand(c_layout, a_layout, k_steps: int) -> list:
+    """The wgmma form of :class:`AccumulatorAsOperand`: a warpgroup accumulator (``c_layout``, a
+    ``mmaemit.layouts.WarpgroupFragmentLayout`` of 64 x N) reused as ``k_steps`` K steps of an RS-form A operand
+    (``a_layout``, 64 x K per step), register for register. Returns, per K step and A register, the accumulator
+    slots ``(c_reg, c_elem)`` of its elements, low element first (what a kernel packs, e.g. ``cvt.rn.f16x2.f32 d,
+    hi, lo``). Proven by enumeration over all 128 threads: each A element is held by the same thread as the
+    accumulator element of the same (row, col), and the register map is the same for every thread; raises
+    ``LayoutError`` otherwise (a shuffle would be needed)."""
+    ak = a_layout.cols
+    if c_layout.rows != a_layout.rows or k_steps * ak > c_layout.cols:
+        raise LayoutError(f"{k_steps} K steps of {a_layout.name} ({a_layout.rows}x{ak}) do not fit in "
+                          f"{c_layout.name} ({c_layout.rows}x{c_layout.cols})")
+    out = []
+    for ks in range(k_steps):
+        step = []
+        for reg in range(a_layout.regs):
+            elems = []
+            for elem in range(a_layout.elems_per_reg):
+                found = set()
+                for t in range(128):
+                    row, col = a_layout.forward(t, reg, elem)
+                    ct, creg, celem = c_layout.inverse(row, col + ks * ak)
+                    found.add((creg, celem) if ct == t else None)
+                if len(found) != 1 or None in found:
+                    raise LayoutError(f"{c_layout.name} -> {a_layout.name}: K step {ks} A register {reg} element "
+                                      f"{elem} is not one accumulator slot of the same thread in every thread "
+                                      f"({sorted(found, key=str)}); a shuffle is needed")
+                elems.append(found.pop())
+            step.append(elems)
+        out.append(step)
+    return out
