@@ -35,7 +35,7 @@ from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.layouts.accumulator_operand import accumulator_as_operand
 from mmaemit.pipeline.cp_async import CpAsyncTile, cp_async_commit, cp_async_wait
 
-from mmaemit.kernels.attention_spec import HEAD_DIMS, IMPLEMENTATIONS, LN2, LOG2E, check_problem
+from mmaemit.kernels.attention_spec import HEAD_DIMS, IMPLEMENTATIONS, LN2, LOG2E, KeyBlocks, check_problem
 
 
 @dataclass(frozen=True)
@@ -176,18 +176,8 @@ def make_flash_attention(batch, max_seqlen_q, total_q, total_k, heads, kv_heads,
             em_o.ldmatrix_b(Vf, Vs[stage, 0:BN, 0:D], ki, warp=warp, lane=lane, layout=swz_v)
             em_o.mma(P[ki], Vf, O)
 
-    def keys_end(q_row0, seq_q, seq_k):
-        """Keys this CTA's rows see: all of the sequence, or (causal) up to its last row's diagonal."""
-        if not causal:
-            return seq_k
-        return T.max(T.min(seq_k, T.min(seq_q, q_row0 + BM) + seq_k - seq_q), 0)
-
-    def needs_mask(n, q_row0, seq_q, seq_k):
-        """Block n has keys past the sequence end, or (causal) keys after its first row's diagonal."""
-        past_end = (n + 1) * BN > seq_k
-        if not causal:
-            return past_end
-        return T.Or(past_end, (n + 1) * BN - 1 > q_row0 + seq_k - seq_q)
+    blocks = KeyBlocks(causal, BM, BN)          # which key blocks each CTA visits and masks (both kernels)
+    keys_end, needs_mask = blocks.keys_end, blocks.needs_mask
 
     def alloc_p():
         return [T.alloc_local((WR, em_o.local_size_a), "uint32") for _ in range(KS_O)]

@@ -31,7 +31,7 @@ from mmaemit.arch import as_arch
 from mmaemit.emitters.builder import emit, only_if, ptx, store
 from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
 from mmaemit.errors import TileShapeError, UnsupportedConfigError
-from mmaemit.kernels.attention_spec import LN2, LOG2E, check_problem
+from mmaemit.kernels.attention_spec import LN2, LOG2E, KeyBlocks, check_problem
 from mmaemit.layouts.accumulator_operand import warpgroup_accumulator_as_operand
 from mmaemit.layouts.wgmma import wgmma_operand_layout
 from mmaemit.pipeline import MbarrierRing, TmaTile, WarpgroupRoles, mbarrier_arrive, mbarrier_expect_tx
@@ -153,16 +153,8 @@ def make_flash_attention_hopper(batch, max_seqlen_q, total_q, total_k, heads, kv
     ring_k = MbarrierRing(ST, 2)
     ring_vt = MbarrierRing(ST, 2)
 
-    def keys_end(q_row0, seq_q, seq_k):
-        if not causal:
-            return seq_k
-        return T.max(T.min(seq_k, T.min(seq_q, q_row0 + BM) + seq_k - seq_q), 0)
-
-    def needs_mask(n, q_row0, seq_q, seq_k):
-        past_end = (n + 1) * BN > seq_k
-        if not causal:
-            return past_end
-        return T.Or(past_end, (n + 1) * BN - 1 > q_row0 + seq_k - seq_q)
+    blocks = KeyBlocks(causal, BM, BN)          # which key blocks each CTA visits and masks (both kernels)
+    keys_end, needs_mask = blocks.keys_end, blocks.needs_mask
 
     def qk_issue(S, dq, dk, c, stage):
         """S = Q[64 c .. 64 c + 63] K[stage]^T: every K step of d (the first one overwrites S)."""
