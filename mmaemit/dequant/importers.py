@@ -93,15 +93,7 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int, group_size: int
         raise ArgumentError(f"qweight must be 2-D [K*bits/32, N], got {tuple(qweight.shape)}")
     k = qweight.shape[0] * 32 // bits
     n = qweight.shape[1]
-    g = k if group_size == -1 else group_size
-    if not isinstance(g, int) or g <= 0 or k % g:
-        raise ArgumentError(f"group_size={group_size} must be -1 or a positive divisor of K={k}")
-    groups = k // g
-    if tuple(qzeros.shape) != (groups, n * bits // 32) or tuple(sc.shape) != (groups, n):
-        raise ArgumentError(f"for K={k}, N={n}, bits={bits}, group_size={g}: qzeros must be [{groups}, "
-                            f"{n * bits // 32}] and scales [{groups}, {n}]; got {list(qzeros.shape)}, {list(sc.shape)}")
-    if not sc.dtype.is_floating_point:
-        raise ArgumentError(f"scales must be float, got {sc.dtype}")
+    g, _ = _check_group_tensors(k, n, bits, group_size, qzeros, sc)
     dev = qweight.device
     codes = unpack(qweight, bits, axis=0).transpose(0, 1).contiguous()          # [N, K]
     fields = unpack(qzeros, bits, axis=-1).to(torch.int64).transpose(0, 1)      # [N, G]
@@ -164,15 +156,7 @@ def from_awq(qweight, qzeros, scales, *, bits: int = 4, group_size: int = 128, z
     if qweight.dim() != 2:
         raise ArgumentError(f"qweight must be 2-D [K, N*bits/32], got {tuple(qweight.shape)}")
     k, n = qweight.shape[0], qweight.shape[1] * 32 // bits
-    g = k if group_size == -1 else group_size
-    if not isinstance(g, int) or g <= 0 or k % g:
-        raise ArgumentError(f"group_size={group_size} must be -1 or a positive divisor of K={k}")
-    groups = k // g
-    if tuple(qzeros.shape) != (groups, n * bits // 32) or tuple(sc.shape) != (groups, n):
-        raise ArgumentError(f"for K={k}, N={n}, bits={bits}, group_size={g}: qzeros must be [{groups}, "
-                            f"{n * bits // 32}] and scales [{groups}, {n}]; got {list(qzeros.shape)}, {list(sc.shape)}")
-    if not sc.dtype.is_floating_point:
-        raise ArgumentError(f"scales must be float, got {sc.dtype}")
+    _check_group_tensors(k, n, bits, group_size, qzeros, sc)
     codes = _unpack_awq_words(qweight, bits).transpose(0, 1).to(torch.uint8).contiguous()     # [N, K]
     z = _unpack_awq_words(qzeros, bits).transpose(0, 1)                                        # [N, G]
     scales_ng = sc.transpose(0, 1).contiguous()
@@ -266,3 +250,18 @@ def from_bitblas(qweight, scales=None, zeros=None, *, bits: int, source_format: 
             raise ArgumentError(f"zeros must be float [{n}, {groups}], got {zt.dtype} {list(zt.shape)}")
         zeros = zt
     return QuantizedWeight(qw.contiguous(), sc, zeros, None, scheme, (n, k))
+
+
+def _check_group_tensors(k, n, bits, group_size, qzeros, sc):
+    """GPTQ / AWQ share this: the group size divides K, qzeros is [groups, N * bits / 32] int32 words, scales are
+    float [groups, N]. Returns (group size, groups)."""
+    g = k if group_size == -1 else group_size
+    if not isinstance(g, int) or g <= 0 or k % g:
+        raise ArgumentError(f"group_size={group_size} must be -1 or a positive divisor of K={k}")
+    groups = k // g
+    if tuple(qzeros.shape) != (groups, n * bits // 32) or tuple(sc.shape) != (groups, n):
+        raise ArgumentError(f"for K={k}, N={n}, bits={bits}, group_size={g}: qzeros must be [{groups}, "
+                            f"{n * bits // 32}] and scales [{groups}, {n}]; got {list(qzeros.shape)}, {list(sc.shape)}")
+    if not sc.dtype.is_floating_point:
+        raise ArgumentError(f"scales must be float, got {sc.dtype}")
+    return g, groups
