@@ -1,0 +1,321 @@
+"""Hopper (sm_90a) fused dequant GEMM: TMA + mbarrier ring + warp-specialized wgmma, decode inside the pipeline.
+
+C[M, N] = A[M, K] @ dequant(W)[N, K]^T with W / S in the kernel layout of :mod:`mmaemit.dequant.kernel_layout`
+(``kernel_arguments``), so the packed weight crosses HBM once, at 4 bits (no fp16 scratch as in ``dense`` paths).
+Like :mod:`mmaemit.kernels.dequant_gemm_wgmma` it computes ``C^T = W @ A^T``: the decoded weights are the
+register-sourced A operand of ``wgmma`` (RS form), the activations the shared-memory B operand.
+
+Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`` activation rows x
+``64 * consumers`` weight rows, per 64-wide K chunk:
+
+* producer warpgroup (one elected thread): waits for a free ring stage (``MbarrierRing``), arms the full barrier and
+  issues two TMA box loads: the activation tile (``block_m`` x 64, 128-byte swizzle, the wgmma B layout:
+  ``TmaTile.for_layout`` of the emitter's shared layout; rows >= M are zero-filled by TMA bounds) and the packed
+  weight tile (``4 * consumers`` n16 blocks x one chunk of kernel-layout words: 512 contiguous bytes each);
+* consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's 4 words
+  (16 bytes), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
+  (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit;
+  the previous chunk's wgmma is retired (``wait_group 0``) before its registers are overwritten and its stage
+  released;
+* epilogue per consumer: accumulators -> transposed staging tile [block_m, 64] -> one TMA box store (rows >= M are
+  clipped by TMA bounds).
+
+Why the re-pairing: the kernel layout permutes K inside every 64-chunk so that lane c of a quad holds the real
+columns 16c .. 16c + 15 (its word s holds k16 step s: real k = 16c + 4s + 2h + e for register half h). That order
+suits the mma.sync kernels' 16-byte activation loads, but TMA copies the activations in real order and wgmma then
+contracts step S over real k = 16S + 8H + 2c + e for lane c. So lane c needs, for step S, the codes that lane S
+holds in words c//2 (H = 0) and c//2 + 2 (H = 1), register half c % 2. Each lane builds 4 words
+``Y[c'] = word[c'//2] half c'%2 | word[c'//2 + 2] half c'%2`` (nibble moves derived from
+:func:`mmaemit.dequant.interleave.bit_positions`, :func:`quad_word_plan`), and a 4 x 4 transpose over the quad
+(two ``shfl.sync.bfly`` stages, 4 shuffles per chunk) hands lane c the word ``Y_S[c]`` of every lane S: a word in
+the decode program's own input order for wgmma k16 step S. Scales are per (row, group): unchanged.
+
+Scales: each consumer lane reads its 8 bytes of ``S`` per chunk with one ``ld.global.nc.v2`` (L2-resident, 1/64 of
+the weight bytes); ``S`` rows of 4 halves are too narrow for a TMA box (16-byte minimum).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mmaemit.dequant.kernel_layout import CHUNK
+from mmaemit.dtypes import canonical
+from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
+
+__all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "HOPPER_FUSED_FORMATS"]
+
+#: weight formats of the fused Hopper path (4-bit codes, one scale per (row, group), no zero points)
+HOPPER_FUSED_FORMATS = ("int4",)
+
+
+@dataclass(frozen=True)
+class HopperDequantConfig:
+    """Tile configuration. ``block_m``: activation rows per tile (the wgmma N: multiple of 8, 8..256);
+    ``consumers``: math warpgroups of 64 weight rows each (1 or 2); ``stages``: ring depth (>= 2); ``panel``: tile
+    rows per rasterization panel; ``num_sms``: persistent grid (None: the visible GPU's SM count, 132 without one)."""
+
+    block_m: int = 128
+    consumers: int = 2
+    stages: int = 4
+    panel: int = 16
+    producer_regs: int = 40
+    consumer_regs: int = 232
+    num_sms: int | None = None
+
+
+def quad_word_plan(bits: int = 4) -> dict:
+    """For 4-bit kernel-layout words: ``plan[h][H] = (shift, mask)`` so that the word a lane sends to quad lane c'
+    (h = c' % 2, s0 = c' // 2) is ``OR_H ((word[s0 + 2H] <<shift>> ) & mask)`` (positive shift = left).
+
+    Derived from the layout facts: register i of a word (``fragment_order``: i = 2 * n8 half + b-half r) is decode
+    slots 2i, 2i + 1 at bits ``bit_positions(bits)[2i]``, ``[2i + 1]``; destination register (n, H) takes source
+    register (n, h)."""
+    from mmaemit.dequant.interleave import bit_positions
+
+    if bits != 4:
+        raise UnsupportedConfigError(f"the quad re-pairing is defined for 4-bit words (one word per k16 step), "
+                                     f"not {bits}-bit")
+    pos = bit_positions(bits)
+    field = (1 << bits) - 1
+
+    def reg_mask(i):
+        return (field << pos[2 * i]) | (field << pos[2 * i + 1])
+
+    plan = {}
+    for h in range(2):
+        plan[h] = {}
+        for H in range(2):
+            shift, mask = None, 0
+            for n in range(2):
+                src, dst = 2 * n + h, 2 * n + H
+                sh = pos[2 * dst] - pos[2 * src]
+                if pos[2 * dst + 1] - pos[2 * src + 1] != sh or (shift is not None and sh != shift):
+                    raise AssertionError("register halves move by different shifts")
+                shift = sh
+                mask |= reg_mask(dst)
+            plan[h][H] = (shift, mask)
+    return plan
+
+
+def _num_sms(cfg):
+    if cfg.num_sms is not None:
+        return cfg.num_sms
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).multi_processor_count
+    except ImportError:
+        pass
+    return 132
+
+
+def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
+                             config: HopperDequantConfig = HopperDequantConfig(), arch="sm_90a", *,
+                             weight_format="int4", zeros_mode=None):
+    """Build ``gemm(A, W, S, C)`` for sm_90a (arguments as :func:`mmaemit.kernels.dequant_gemm.make_dequant_gemv`:
+    A [M, K], W int32 [N/16, K/64, 32, 4], S [N/16, K/G, 4, 4], C [M, N]); returns ``(prim_func, config)``.
+    ``M=None``: a symbolic M (one compiled kernel for every M >= 1; TMA maps encoded per launch).
+    N must be a multiple of ``64 * consumers``, K and the group a multiple of 64 (group -1: per column)."""
+    from tvm.script import tirx as T
+
+    from mmaemit import isa
+    from mmaemit.arch import as_arch
+    from mmaemit.emitters.builder import emit, store
+    from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
+    from mmaemit.dequant.kernel_layout import words_per_chunk
+    from mmaemit.kernels.dequant_gemm_wgmma import wgmma_a_order
+    from mmaemit.kernels.dequant_parts import check_scheme, kernel_decode_program, pair_of_column
+    from mmaemit.kernels.gemm_hopper import SMEM_LIMIT
+    from mmaemit.pipeline import (MbarrierRing, PersistentTileScheduler, TmaTile, WarpgroupRoles, bulk_commit,
+                                  bulk_wait)
+
+    arch = as_arch(arch or "sm_90a")
+    isa.require_feature("wgmma", arch)
+    isa.require_feature("cp.async.bulk", arch)
+    if weight_format not in HOPPER_FUSED_FORMATS:
+        raise UnsupportedConfigError(f"the fused Hopper path takes weight_format in {choices(HOPPER_FUSED_FORMATS)}, "
+                                     f"not {weight_format!r} (other formats: the 'wgmma' or 'dense' paths)")
+    if zeros_mode is not None:
+        raise UnsupportedConfigError(f"the fused Hopper path takes no zero points (zeros_mode=None), not "
+                                     f"{zeros_mode!r}")
+    bits, _ = check_scheme(weight_format, zeros_mode)
+    dtype = canonical(dtype)
+    if dtype not in ("float16", "bfloat16"):
+        raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}, "
+                                     f"not {dtype!r}")
+    if not isinstance(config, HopperDequantConfig):
+        raise UnsupportedConfigError(f"config must be a HopperDequantConfig, not {type(config).__name__}")
+    cfg = config
+    BT, NC, ST = cfg.block_m, cfg.consumers, cfg.stages
+    if not isinstance(BT, int) or BT % 8 or not 8 <= BT <= 256:
+        raise TileShapeError(f"block_m={BT} must be a multiple of 8 in [8, 256] (the wgmma N)")
+    if NC not in (1, 2):
+        raise UnsupportedConfigError(f"consumers={NC}; valid: 1, 2 (64 weight rows each)")
+    if not isinstance(ST, int) or ST < 2:
+        raise UnsupportedConfigError(f"stages={ST} must be an int >= 2")
+    roles = WarpgroupRoles(1, NC, cfg.producer_regs, cfg.consumer_regs)
+    if BT // 2 + 64 > cfg.consumer_regs:
+        raise UnsupportedConfigError(f"block_m={BT} needs {BT // 2} accumulator registers per thread; "
+                                     f"consumer_regs={cfg.consumer_regs} leaves too few for the decode")
+    BW = 64 * NC                          # weight rows (output columns) per tile
+    NB = BW // 16                         # n16 blocks per tile (one per consumer warp)
+    G = K if group_size in (None, -1) else group_size
+    if not isinstance(N, int) or N < 1 or N % BW:
+        raise TileShapeError(f"N={N} must be a positive multiple of 64 * consumers = {BW}")
+    if not isinstance(K, int) or K < 1 or not isinstance(G, int) or K % CHUNK or G % CHUNK or K % G:
+        raise TileShapeError(f"K={K} and group_size={group_size} must be multiples of {CHUNK}, the group dividing K "
+                             f"(or -1 for one group per column)")
+    DYN = M is None
+    if DYN:
+        import tvm
+
+        M = tvm.tirx.Var("m", "int32")
+    elif not isinstance(M, int) or isinstance(M, bool) or M < 1:
+        raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
+    WPC = words_per_chunk(bits)           # 4 words per lane per n16 block and chunk = one per k16 step
+    KT = K // CHUNK
+    em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128, stages=(ST,),
+                            arch=arch)
+    if em.k_steps != WPC:
+        raise AssertionError(f"{em.k_steps} wgmma k steps per chunk but {WPC} words per lane")
+    x_map_t = TmaTile.for_layout((M, K), em.shared_layout("B"))                 # activations: the wgmma B tile
+    w_map_t = TmaTile((N // 16, KT, 32, WPC), "int32", (NB, 1, 32, WPC))       # packed words, plain order
+    c_map_t = TmaTile((M, N), dtype, (BT, 64))                                  # one box per consumer
+    X_BYTES, W_BYTES = x_map_t.box_bytes, w_map_t.box_bytes
+    smem = ST * (X_BYTES + W_BYTES) + NC * c_map_t.box_bytes + 16 * ST + 2048
+    if smem > SMEM_LIMIT:
+        raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}) or "
+                                     f"block_m ({BT})")
+    sms = _num_sms(cfg)
+    GN = N // BW
+    if DYN:
+        sched = PersistentTileScheduler((M + (BT - 1)) // BT, GN, sms, cfg.panel, 1)
+    else:
+        GM = -(-M // BT)
+        sched = PersistentTileScheduler(GM, GN, max(1, min(sms, GM * GN)), cfg.panel, 1)
+    NW = sched.workers
+    # every consumer thread arrives: each reads its words of the stage with ld.shared (not only the async proxy)
+    ring = MbarrierRing(ST, 128 * NC, 1)
+    program = kernel_decode_program(weight_format, dtype, "scale", arch.name)
+    R = program.registers                 # 4 B registers per word
+    A_ORDER = wgmma_a_order(dtype)
+    PLAN = quad_word_plan(bits)
+    NACC = em.local_size_c
+
+    def moved(word, shift, mask):
+        w = word << T.uint32(shift) if shift > 0 else (word >> T.uint32(-shift) if shift < 0 else word)
+        return w & T.uint32(mask)
+
+    def repair(wb, y, rr, q):
+        # y[c'] = the word for quad lane c' (built from this lane's words), then a 4 x 4 transpose over the quad:
+        # afterwards y[S] = the word lane S built for this lane = this lane's A-operand codes of k16 step S
+        for cp in range(4):
+            h, s0 = cp % 2, cp // 2
+            store(y, moved(wb[s0], *PLAN[h][0]) | moved(wb[s0 + 2], *PLAN[h][1]), (cp,))
+        for mk in (2, 1):
+            bit = (q & mk) != 0
+            for i in range(4):
+                if i & mk == 0:
+                    emit(T.ptx.shfl_sync.bfly.b32(rr[0], T.Select(bit, y[i], y[i ^ mk]), T.uint32(mk),
+                                                  T.uint32(0x1F), T.uint32(0xFFFFFFFF)))
+                    store(y, T.Select(bit, rr[0], y[i]), (i,))
+                    store(y, T.Select(bit, y[i ^ mk], rr[0]), (i ^ mk,))
+
+    def decode_steps(y, af, sp):
+        # word S decodes the B-fragment registers [n0 H0, n0 H1, n1 H0, n1 H1] of step S; they land in wgmma A
+        # order; register r's scale is that of its n8 half r // 2
+        for s in range(WPC):
+            regs = [af[4 * s + A_ORDER.index(r)] for r in range(R)]
+            program.emit(y[s], regs, scale_pair=[sp[r // 2] for r in range(R)])
+
+    @T.inline
+    def body(A, W, S, C, x_map, w_map, c_map):
+        T.attr(WarpgroupRoles.launch_attr())
+        worker = T.cta_id([NW])
+        wg = T.warpgroup_id([roles.warpgroups])
+        tid = T.thread_id_in_wg([128])
+        pool = T.SMEMPool()
+        Xs = pool.alloc(em.b_shared_shape, dtype, align=em.b_layout.alignment)      # (ST, BT, 64)
+        Ws = pool.alloc((ST, NB, 32, WPC), "int32", align=w_map_t.smem_alignment)
+        Cs = pool.alloc((NC, BT, 64), dtype, align=c_map_t.smem_alignment)
+        bars = ring.alloc(pool)  # noqa: F841
+        pool.commit()
+        ring.init(T.And(wg == 0, tid == 0))
+        T.cuda.cta_sync()
+        if wg == 0:
+            roles.producer_setup()
+            if tid == 0:
+                for t in T.serial(sched.count(worker)):
+                    tm = T.meta_var(sched.tile(worker, t)[0])
+                    tn = T.meta_var(sched.tile(worker, t)[1])
+                    for kt in T.serial(KT):
+                        it = T.meta_var(t * KT + kt)
+                        s = T.meta_var(ring.stage(it))
+                        ring.producer_acquire(it)
+                        ring.producer_expect(it, X_BYTES + W_BYTES)
+                        x_map_t.load(Xs.ptr_to([s, 0, 0]), x_map, (tm * BT, kt * CHUNK), ring.full_ptr(it))
+                        w_map_t.load(Ws.ptr_to([s, 0, 0, 0]), w_map, (tn * NB, kt, 0, 0), ring.full_ptr(it))
+        else:
+            roles.consumer_setup()
+            c = T.meta_var(roles.consumer_index(wg))
+            warp = T.meta_var(tid // 32)
+            lane = T.meta_var(tid % 32)
+            g = T.meta_var(lane // 4)
+            q = T.meta_var(lane % 4)
+            acc = T.alloc_local((NACC,), "float32")
+            af = T.alloc_local((4 * WPC,), "uint32")
+            wb = T.alloc_local((WPC,), "uint32")
+            y = T.alloc_local((4,), "uint32")
+            rr = T.alloc_local((1,), "uint32")
+            sv = T.alloc_local((2,), "uint32")
+            sp = T.alloc_local((2,), "uint32")
+            desc = em.alloc_descriptor()
+            em.init_descriptor(desc, Xs, "B")
+            for t in T.serial(sched.count(worker)):
+                tm = T.meta_var(sched.tile(worker, t)[0])
+                tn = T.meta_var(sched.tile(worker, t)[1])
+                nb = T.meta_var(tn * NB + c * 4 + warp)
+                for kt in T.serial(KT):
+                    it = T.meta_var(t * KT + kt)
+                    s = T.meta_var(ring.stage(it))
+                    T.ptx["ld.global.nc.v2.b32"](sv[0], sv[1], S.ptr_to([nb, kt * CHUNK // G, g // 2, 0]))
+                    ring.consumer_wait(it)
+                    for u in T.unroll(WPC):
+                        wb[u] = T.reinterpret("uint32", Ws[s, c * 4 + warp, lane, u])
+                    repair(wb, y, rr, q)
+                    sp[0] = pair_of_column(sv[0], sv[1], g, 0)
+                    sp[1] = pair_of_column(sv[0], sv[1], g, 1)
+                    # the previous chunk's wgmmas read af and their stage: retire them, release that stage
+                    em.wait_group(0)
+                    ring.consumer_release(it + ST - 1, pred=kt > 0)
+                    decode_steps(y, af, sp)
+                    em.fence()
+                    for ks in T.unroll(WPC):
+                        em.mma([acc[i] for i in range(NACC)], [af[4 * ks + j] for j in range(4)], desc, ks,
+                               stage=(s,), scale_d=kt > 0 if ks == 0 else True)
+                    em.commit_group()
+                em.wait_group(0)
+                ring.consumer_release(t * KT + KT - 1)
+                em.pin_accumulators(acc)
+                # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m]
+                bulk_wait(0, read=True)                       # the previous tile's store has read Cs[c]
+                T.ptx.bar.sync(T.uint32(1 + c), T.uint32(128))
+                for i in T.unroll(NACC):
+                    mn = T.meta_var(em.accumulator_coords(tid, i))
+                    Cs[c, mn[1], mn[0]] = T.Cast(dtype, acc[i])
+                T.ptx.fence.proxy.async_.shared__cta()
+                T.ptx.bar.sync(T.uint32(1 + c), T.uint32(128))
+                c_map_t.store(c_map, (tm * BT, tn * BW + c * 64), Cs.ptr_to([c, 0, 0]), pred=tid == 0)
+                bulk_commit()
+            bulk_wait(0, read=False)
+
+    @T.prim_func
+    def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
+             S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
+        x_map = x_map_t.encode(A)
+        w_map = w_map_t.encode(W)
+        c_map = c_map_t.encode(C)
+        T.device_entry()
+        body(A, W, S, C, x_map, w_map, c_map)
+
+    return gemm, cfg
