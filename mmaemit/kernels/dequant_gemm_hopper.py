@@ -14,9 +14,9 @@ Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`
   weight tile (``4 * consumers`` n16 blocks x one chunk of kernel-layout words: 512 contiguous bytes each);
 * consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's 4 words
   (16 bytes), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
-  (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit;
-  the previous chunk's wgmma is retired (``wait_group 0``) before its registers are overwritten and its stage
-  released;
+  (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit,
+  retire them (``wait_group 0``) and release the stage (every consumer thread arrives: the words are read with
+  ``ld.shared``); the two consumer warpgroups overlap each other's decode and tensor-core work;
 * epilogue per consumer: accumulators -> transposed staging tile [block_m, 64] -> one TMA box store (rows >= M are
   clipped by TMA bounds).
 
@@ -285,17 +285,17 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     repair(wb, y, rr, q)
                     sp[0] = pair_of_column(sv[0], sv[1], g, 0)
                     sp[1] = pair_of_column(sv[0], sv[1], g, 1)
-                    # the previous chunk's wgmmas read af and their stage: retire them, release that stage
-                    em.wait_group(0)
-                    ring.consumer_release(it + ST - 1, pred=kt > 0)
                     decode_steps(y, af, sp)
                     em.fence()
                     for ks in T.unroll(WPC):
                         em.mma([acc[i] for i in range(NACC)], [af[4 * ks + j] for j in range(4)], desc, ks,
                                stage=(s,), scale_d=kt > 0 if ks == 0 else True)
                     em.commit_group()
-                em.wait_group(0)
-                ring.consumer_release(t * KT + KT - 1)
+                    # retire this chunk's wgmmas here (they read af and the stage): a wait only at the top of the
+                    # next chunk makes ptxas serialize every wgmma (C7514, the epilogue's accumulator reads). The
+                    # other consumer warpgroup decodes while this one waits (measure a 2-buffer af variant next)
+                    em.wait_group(0)
+                    ring.consumer_release(it)
                 em.pin_accumulators(acc)
                 # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m]
                 bulk_wait(0, read=True)                       # the previous tile's store has read Cs[c]
