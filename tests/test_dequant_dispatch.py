@@ -161,7 +161,8 @@ def test_dispatcher_plan():
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
     assert narrow.ranges[2] == ("tiled64", 17, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == ["gemv8", "gemv16", "tiled64", "tiled128",
-                                                                      "dense_mid", "dense", "wgmma"]
+                                                                      "dense_mid", "dense", "wgmma",
+                                                                      "hopper_fused"]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(ArgumentError, match="A must be a 2-D"):
         _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])

@@ -320,7 +320,8 @@ def _dequant_dynamic(p: Problem, opts, arch, A, rot, ref, floor) -> list:
                                          a["zeros_mode"], arch)
     todo = [("mmaemit dynamic", dg.path_for(M))]
     if getattr(opts, "all_paths", False):
-        todo += [(f"mmaemit path {q}", q) for q in ("tiled64", "tiled128", "dense_mid", "dense", "wgmma")
+        todo += [(f"mmaemit path {q}", q)
+                 for q in ("tiled64", "tiled128", "dense_mid", "dense", "wgmma", "hopper_fused")
                  if q in dg.runnable_paths()]
     rows = []
     tol = 2e-3 if A.dtype == torch.float16 else 8e-3

@@ -16,6 +16,10 @@ path           M range (defaults)           kernel
 ``dense``      ``wide_m`` .. (sm_90a)       the same with the GEMM's default 128 x 256 tiles
 =============  ===========================  ====================================================================
 
+Extra paths, runnable by name (``run_path``, ``--all-paths``) but not in the plan until measured: ``wgmma``
+(:mod:`~mmaemit.kernels.dequant_gemm_wgmma`) and ``hopper_fused`` (:mod:`~mmaemit.kernels.dequant_gemm_hopper`:
+TMA + mbarrier ring, warp-specialized, int4 decoded inside the pipeline; sm_90a, int4 without zero points).
+
 ``large_m`` (default :data:`LARGE_M`, from the H100 measurement in ``docs/perf-notes.md``) is where the two-kernel
 path starts (``wide_m``, default :data:`WIDE_M`, where its GEMM switches to wide tiles); without sm_90a the tiled path serves every M above 16. Paths whose tiles do not divide N / K drop out
 (the next path up takes their range). ``warmup()`` compiles every path; after it a call only checks the arguments and
@@ -32,6 +36,7 @@ from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 
 from .dequant_dense import DenseConfig, make_dequant_to_dense
 from .dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
+from .dequant_gemm_hopper import HOPPER_FUSED_FORMATS, HopperDequantConfig, make_dequant_gemm_hopper
 from .dequant_gemm_wgmma import WgmmaConfig, make_dequant_gemm_wgmma
 from .dequant_parts import check_scheme
 from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
@@ -45,12 +50,15 @@ LARGE_M = 17
 #: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles (128 x 128 won at M=256, lost at 1024)
 WIDE_M = 512
 #: path names, smallest M first; "wgmma" (the register-decode Hopper kernel of
-#: :mod:`mmaemit.kernels.dequant_gemm_wgmma`, symbolic M) is runnable by name but not in the plan until measured
+#: :mod:`mmaemit.kernels.dequant_gemm_wgmma`, symbolic M) and "hopper_fused" (the TMA + mbarrier warp-specialized
+#: kernel that decodes inside the pipeline, :mod:`mmaemit.kernels.dequant_gemm_hopper`; int4 without zero points)
+#: are runnable by name (``run_path``, ``--all-paths``) but not in the plan until measured
 PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
-EXTRA_PATHS = ("wgmma",)
+EXTRA_PATHS = ("wgmma", "hopper_fused")
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
-             "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4)}
+             "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4),
+             "hopper_fused": HopperDequantConfig()}
 
 
 def _interpret_default() -> bool:
@@ -114,6 +122,9 @@ class DequantGemm:
             return N % cfg.block_n == 0
         if path == "wgmma":
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
+        if path == "hopper_fused":
+            return (N % (64 * cfg.consumers) == 0 and self.weight_format in HOPPER_FUSED_FORMATS
+                    and self.zeros_mode is None)
         return True
 
     def _plan(self):
@@ -143,7 +154,7 @@ class DequantGemm:
         """Every path that can run this problem here (the plan's and those it leaves unused), in :data:`PATHS`
         order."""
         return [p for p in PATHS + EXTRA_PATHS if self._fits(p) and
-                (not p.startswith(("dense", "wgmma")) or self.large_m is not None)]
+                (not p.startswith(("dense", "wgmma", "hopper_fused")) or self.large_m is not None)]
 
     def path_for(self, M: int) -> str:
         """The path that serves ``M`` rows."""
@@ -165,6 +176,8 @@ class DequantGemm:
             return (make_dequant_gemm_tiled(None, N, K, G, dt, cfg, arch, **kw)[0],)
         if path == "wgmma":
             return (make_dequant_gemm_wgmma(None, N, K, G, dt, cfg, arch, **kw)[0],)
+        if path == "hopper_fused":
+            return (make_dequant_gemm_hopper(None, N, K, G, dt, cfg, arch, **kw)[0],)
         if path == "dequant":
             return (make_dequant_to_dense(N, K, G, dt, self.configs["dense"], arch, **kw),)
         hcfg = self.configs["hopper" if path == "dense" else "hopper_mid"]

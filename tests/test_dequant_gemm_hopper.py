@@ -1,0 +1,180 @@
+"""The fused Hopper dequant GEMM (TMA + mbarrier ring, warp-specialized, int4 decoded into RS wgmma): exact-reference
+runs on the CPU interpreter (fp16 / bf16, group 128 / per column, ragged and symbolic M), SASS shape for sm_90a,
+errors, the DequantGemm "hopper_fused" path (by name, not in the plan) and one GPU test."""
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import mmaemit
+from mmaemit import dequant as D
+from mmaemit.dequant.kernel_layout import kernel_arguments
+from mmaemit.errors import ArchError, TileShapeError, UnsupportedConfigError
+from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig, make_dequant_gemm_hopper, quad_word_plan
+
+N, K = 256, 512
+
+
+@functools.lru_cache(maxsize=None)
+def _weights(n, k, group, dtype):
+    g = torch.Generator().manual_seed(n + k + (group if group > 0 else 7))
+    w = torch.randn(n, k, generator=g).to(dtype)
+    qw = D.quantize(w, D.QuantScheme("int4", group_size=group))
+    tensors, kw = kernel_arguments(qw)
+    return tensors, kw, qw.dequantize().double()
+
+
+def _problem(M, n, k, group, dtype, seed):
+    tensors, kw, wd = _weights(n, k, group, dtype)
+    A = torch.randn(M, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return [A, *tensors], kw, A.double() @ wd.T
+
+
+def _rel(C, ref):
+    return ((C.double().cpu() - ref).norm() / ref.norm()).item()
+
+
+def _tol(dtype):
+    return 2e-3 if dtype == torch.float16 else 8e-3
+
+
+@pytest.mark.parametrize("M, dtype, group", [
+    (1, torch.float16, 128), (33, torch.float16, -1), (100, torch.float16, 128), (256, torch.float16, -1),
+    (1, torch.bfloat16, -1), (33, torch.bfloat16, 128), (100, torch.bfloat16, -1), (256, torch.bfloat16, 128),
+])
+def test_fused_hopper_on_the_interpreter(M, dtype, group):
+    """The exact sm_90a kernel on the CPU (TMA boxes, mbarrier ring, shfl re-pairing, RS wgmma, TMA store clipped at
+    M): a poisoned output fully overwritten and within the output dtype's rounding of the float64 product of
+    ``dequantize()``. Two persistent CTAs, so tiles are walked by the scheduler (2 N tiles x ceil(M / 128))."""
+    args, kw, ref = _problem(M, N, K, group, dtype, seed=M)
+    func, _ = make_dequant_gemm_hopper(M, N, K, dtype=str(dtype)[6:], config=HopperDequantConfig(num_sms=2), **kw)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    report = mmaemit.interpret(func, *args, C, arch="sm_90a")
+    assert report.ok, report
+    assert not torch.isnan(C).any()
+    assert _rel(C, ref) < _tol(dtype)
+
+
+@pytest.mark.parametrize("M", [7, 70])
+def test_fused_hopper_symbolic_m_small_tiles(M):
+    """M=None (one kernel for every M), block_m 32 and one consumer, 2 stages over K=512 (8 chunks: the ring wraps
+    four times), 3 persistent CTAs."""
+    dtype = torch.float16
+    args, kw, ref = _problem(M, 128, K, 128, dtype, seed=M)
+    cfg = HopperDequantConfig(block_m=32, consumers=1, stages=2, num_sms=3)
+    func, _ = make_dequant_gemm_hopper(None, 128, K, config=cfg, **kw)
+    C = torch.full((M, 128), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
+    assert _rel(C, ref) < _tol(dtype)
+
+
+def test_quad_word_plan_is_the_transpose_of_the_kernel_layout():
+    """Simulate one lane quad in numpy: words built by the plan, transposed over the quad, must hold for lane c and
+    k16 step S exactly the codes of real columns 16S + 2c + 8H + e (what wgmma's A fragment contracts with a
+    real-order activation tile), read back through the layout's own inverse."""
+    from mmaemit.dequant.interleave import bit_positions
+    from mmaemit.dequant.kernel_layout import from_kernel_layout, to_kernel_layout
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, size=(16, 64), dtype=np.uint8)
+    words = to_kernel_layout(codes, 4).astype(np.int64) & 0xFFFFFFFF      # [1, 1, 32, 4]
+    assert (from_kernel_layout(to_kernel_layout(codes, 4), 4) == codes).all()
+    plan = quad_word_plan(4)
+    pos = bit_positions(4)
+
+    def mv(w, shift, mask):
+        return ((w << shift) if shift >= 0 else (w >> -shift)) & mask & 0xFFFFFFFF
+
+    for g in range(8):
+        lanes = [4 * g + c for c in range(4)]
+        Y = [[mv(words[0, 0, l, cp // 2], *plan[cp % 2][0]) | mv(words[0, 0, l, cp // 2 + 2], *plan[cp % 2][1])
+              for cp in range(4)] for l in lanes]
+        for c in range(4):
+            for S in range(4):
+                z = Y[S][c]                                           # lane S's word for lane c
+                for n in range(2):
+                    for H in range(2):
+                        for e in range(2):
+                            code = (z >> pos[2 * (2 * n + H) + e]) & 0xF
+                            assert code == codes[g + 8 * n, 16 * S + 2 * c + 8 * H + e]
+
+
+def test_fused_hopper_sass():
+    """sm_90a SASS (nvcc only, no GPU): 4 HGMMA per chunk issued behind one warpgroup arrive (not serialized), TMA
+    loads (2-D activations, 4-D packed words) and a TMA store, no spills or stack, no C7514 / C7508 in ptxas's log."""
+    for dtype, op in (("float16", "HGMMA.64x128x16.F32"), ("bfloat16", "HGMMA.64x128x16.F32.BF16")):
+        func, _ = make_dequant_gemm_hopper(None, 8192, 8192, 128, dtype)
+        k = mmaemit.compile(func, target="sm_90a")
+        hist = k.opcode_histogram("sm_90a")
+        assert hist.get(op, 0) == 4, hist
+        assert hist.get("WARPGROUP.ARRIVE", 0) == 1, hist
+        assert hist.get("UTMALDG.2D", 0) == 1 and hist.get("UTMALDG.4D", 0) == 1, hist
+        assert hist.get("UTMASTG.2D", 0) == 1 and hist.get("SHFL.BFLY", 0) == 4, hist
+        assert not any(o.startswith("LDGSTS") for o in hist), hist
+        use = k.resource_usage("sm_90a")
+        assert use.spill_store_bytes == use.spill_load_bytes == use.stack_frame_bytes == 0, use
+        log = k.cubin("sm_90a").ptxas_log
+        assert "C7514" not in log and "C7508" not in log, log
+
+
+def test_fused_hopper_errors():
+    ok = dict(group_size=128)
+    with pytest.raises(ArchError, match="sm_90a"):
+        make_dequant_gemm_hopper(64, 256, 512, arch="sm_80", **ok)
+    with pytest.raises(UnsupportedConfigError, match="int4"):
+        make_dequant_gemm_hopper(64, 256, 512, weight_format="int8", **ok)
+    with pytest.raises(UnsupportedConfigError, match="zero points"):
+        make_dequant_gemm_hopper(64, 256, 512, weight_format="int4", zeros_mode="original", **ok)
+    with pytest.raises(UnsupportedConfigError, match="float16"):
+        make_dequant_gemm_hopper(64, 256, 512, dtype="float32", **ok)
+    with pytest.raises(TileShapeError, match="multiple of 64 \\* consumers = 128"):
+        make_dequant_gemm_hopper(64, 192, 512, **ok)
+    with pytest.raises(TileShapeError, match="multiples of 64"):
+        make_dequant_gemm_hopper(64, 256, 500, **ok)
+    with pytest.raises(TileShapeError, match="multiples of 64"):
+        make_dequant_gemm_hopper(64, 256, 512, group_size=96)
+    with pytest.raises(TileShapeError, match="M must be a positive int"):
+        make_dequant_gemm_hopper(0, 256, 512, **ok)
+    with pytest.raises(TileShapeError, match="block_m"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(block_m=100), **ok)
+    with pytest.raises(UnsupportedConfigError, match="consumers"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(consumers=3), **ok)
+    with pytest.raises(UnsupportedConfigError, match="stages"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(stages=1), **ok)
+    with pytest.raises(UnsupportedConfigError, match="shared memory"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(block_m=256, stages=8), **ok)
+    with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
+        make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
+
+
+def test_dispatcher_hopper_fused_by_name_not_in_plan():
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    M = 40
+    args, kw, ref = _problem(M, N, K, 128, torch.float16, seed=3)
+    dg = DequantGemm(N, K, interpret=True, arch="sm_90a",
+                     configs={"hopper_fused": HopperDequantConfig(block_m=64, num_sms=2)}, **kw)
+    assert "hopper_fused" in dg.runnable_paths()
+    assert all(p != "hopper_fused" for p, _, _ in dg.ranges)
+    C = torch.full((M, N), float("nan"), dtype=torch.float16)
+    dg.run_path("hopper_fused", *args, out=C)
+    assert _rel(C, ref) < _tol(torch.float16)
+    zq = DequantGemm(N, K, interpret=True, arch="sm_90a", weight_format="uint4", zeros_mode="original")
+    assert "hopper_fused" not in zq.runnable_paths()
+    assert "hopper_fused" not in DequantGemm(N, K, interpret=True, arch="sm_80").runnable_paths()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, dtype, group", [(1000, torch.float16, 128), (77, torch.bfloat16, -1)])
+def test_fused_hopper_on_gpu(M, dtype, group):
+    """Symbolic M, default tiles, ragged M; poisoned output vs the float64 reference."""
+    n, k = 1024, 2048
+    args, kw, ref = _problem(M, n, k, group, dtype, seed=M)
+    func, _ = make_dequant_gemm_hopper(None, n, k, dtype=str(dtype)[6:], **kw)
+    kernel = mmaemit.compile(func)
+    C = torch.full((M, n), float("nan"), dtype=dtype, device="cuda")
+    kernel(*[t.cuda() for t in args], C)
+    torch.cuda.synchronize()
+    assert not torch.isnan(C).any()
+    assert _rel(C, ref) < _tol(dtype)
