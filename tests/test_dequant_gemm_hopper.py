@@ -56,14 +56,14 @@ def test_fused_hopper_on_the_interpreter(M, dtype, group):
     assert _rel(C, ref) < _tol(dtype)
 
 
-@pytest.mark.parametrize("M", [7, 70])
-def test_fused_hopper_symbolic_m_small_tiles(M):
-    """M=None (one kernel for every M), block_m 32 and one consumer, 2 stages over K=512 (8 chunks: the ring wraps
-    four times), 3 persistent CTAs."""
+@pytest.mark.parametrize("M, k, in_flight", [(7, 512, 1), (70, 576, 1), (70, 576, 0)])
+def test_fused_hopper_symbolic_m_small_tiles(M, k, in_flight):
+    """M=None (one kernel for every M), block_m 32 and one consumer, 2 stages (the ring wraps), 3 persistent CTAs;
+    K=576: an odd chunk count (the 2-buffer K loop's tail chunk); in_flight 0 and 1."""
     dtype = torch.float16
-    args, kw, ref = _problem(M, 128, K, 128, dtype, seed=M)
-    cfg = HopperDequantConfig(block_m=32, consumers=1, stages=2, num_sms=3)
-    func, _ = make_dequant_gemm_hopper(None, 128, K, config=cfg, **kw)
+    args, kw, ref = _problem(M, 128, k, 128 if k == 512 else -1, dtype, seed=M)
+    cfg = HopperDequantConfig(block_m=32, consumers=1, stages=2, num_sms=3, in_flight=in_flight)
+    func, _ = make_dequant_gemm_hopper(None, 128, k, config=cfg, **kw)
     C = torch.full((M, 128), float("nan"), dtype=dtype)
     assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
     assert _rel(C, ref) < _tol(dtype)
@@ -100,22 +100,27 @@ def test_quad_word_plan_is_the_transpose_of_the_kernel_layout():
                             assert code == codes[g + 8 * n, 16 * S + 2 * c + 8 * H + e]
 
 
-def test_fused_hopper_sass():
-    """sm_90a SASS (nvcc only, no GPU): 4 HGMMA per chunk issued behind one warpgroup arrive (not serialized), TMA
-    loads (2-D activations, 4-D packed words) and a TMA store, no spills or stack, no C7514 / C7508 in ptxas's log."""
-    for dtype, op in (("float16", "HGMMA.64x128x16.F32"), ("bfloat16", "HGMMA.64x128x16.F32.BF16")):
-        func, _ = make_dequant_gemm_hopper(None, 8192, 8192, 128, dtype)
-        k = mmaemit.compile(func, target="sm_90a")
-        hist = k.opcode_histogram("sm_90a")
-        assert hist.get(op, 0) == 4, hist
-        assert hist.get("WARPGROUP.ARRIVE", 0) == 1, hist
-        assert hist.get("UTMALDG.2D", 0) == 1 and hist.get("UTMALDG.4D", 0) == 1, hist
-        assert hist.get("UTMASTG.2D", 0) == 1 and hist.get("SHFL.BFLY", 0) == 4, hist
-        assert not any(o.startswith("LDGSTS") for o in hist), hist
-        use = k.resource_usage("sm_90a")
-        assert use.spill_store_bytes == use.spill_load_bytes == use.stack_frame_bytes == 0, use
-        log = k.cubin("sm_90a").ptxas_log
-        assert "C7514" not in log and "C7508" not in log, log
+@pytest.mark.parametrize("dtype, op, in_flight", [("float16", "HGMMA.64x128x16.F32", 1),
+                                                 ("bfloat16", "HGMMA.64x128x16.F32.BF16", 1),
+                                                 ("float16", "HGMMA.64x128x16.F32", 0)])
+def test_fused_hopper_sass(dtype, op, in_flight):
+    """sm_90a SASS (nvcc only, no GPU): 4 HGMMA per chunk issued behind one warpgroup arrive per chunk (not
+    serialized; in_flight=1 unrolls the K loop by 2), TMA loads (2-D activations, 4-D packed words) and a TMA store,
+    no spills or stack, no C7514 / C7508 in ptxas's log."""
+    chunks = 2 if in_flight else 1
+    func, _ = make_dequant_gemm_hopper(None, 8192, 8192, 128, dtype,
+                                       config=HopperDequantConfig(in_flight=in_flight))
+    k = mmaemit.compile(func, target="sm_90a")
+    hist = k.opcode_histogram("sm_90a")
+    assert hist.get(op, 0) == 4 * chunks, hist
+    assert hist.get("WARPGROUP.ARRIVE", 0) == chunks, hist
+    assert hist.get("UTMALDG.2D", 0) == 1 and hist.get("UTMALDG.4D", 0) == 1, hist
+    assert hist.get("UTMASTG.2D", 0) == 1 and hist.get("SHFL.BFLY", 0) == 4 * chunks, hist
+    assert not any(o.startswith("LDGSTS") for o in hist), hist
+    use = k.resource_usage("sm_90a")
+    assert use.spill_store_bytes == use.spill_load_bytes == use.stack_frame_bytes == 0, use
+    log = k.cubin("sm_90a").ptxas_log
+    assert "C7514" not in log and "C7508" not in log, log
 
 
 def test_fused_hopper_errors():
@@ -144,6 +149,8 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(stages=1), **ok)
     with pytest.raises(UnsupportedConfigError, match="shared memory"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(block_m=256, stages=8), **ok)
+    with pytest.raises(UnsupportedConfigError, match="in_flight"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(in_flight=2), **ok)
     with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
         make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
 

@@ -14,9 +14,11 @@ Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`
   weight tile (``4 * consumers`` n16 blocks x one chunk of kernel-layout words: 512 contiguous bytes each);
 * consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's 4 words
   (16 bytes), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
-  (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit,
-  retire them (``wait_group 0``) and release the stage (every consumer thread arrives: the words are read with
-  ``ld.shared``); the two consumer warpgroups overlap each other's decode and tensor-core work;
+  (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit;
+  ``in_flight=1`` (default): two A-register buffers (K loop unrolled by 2), ``wait_group 1`` after the commit retires
+  the previous chunk, whose stage is then released, so a chunk decodes while the previous one's wgmmas run;
+  ``in_flight=0``: ``wait_group 0`` in the same chunk. Every consumer thread arrives on the empty barrier (the words
+  are read with ``ld.shared``, not only by the async proxy);
 * epilogue per consumer: accumulators -> transposed staging tile [block_m, 64] -> one TMA box store (rows >= M are
   clipped by TMA bounds).
 
@@ -51,7 +53,9 @@ HOPPER_FUSED_FORMATS = ("int4",)
 class HopperDequantConfig:
     """Tile configuration. ``block_m``: activation rows per tile (the wgmma N: multiple of 8, 8..256);
     ``consumers``: math warpgroups of 64 weight rows each (1 or 2); ``stages``: ring depth (>= 2); ``panel``: tile
-    rows per rasterization panel; ``num_sms``: persistent grid (None: the visible GPU's SM count, 132 without one)."""
+    rows per rasterization panel; ``num_sms``: persistent grid (None: the visible GPU's SM count, 132 without one).
+    ``in_flight``: 1 = two A-register buffers (K loop unrolled by 2): chunk kt decodes while chunk kt - 1's wgmmas
+    run, retired after kt is issued; 0 = retire each chunk's wgmmas before the next decode (one buffer)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -60,6 +64,7 @@ class HopperDequantConfig:
     producer_regs: int = 40
     consumer_regs: int = 232
     num_sms: int | None = None
+    in_flight: int = 1
 
 
 def quad_word_plan(bits: int = 4) -> dict:
@@ -153,6 +158,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise UnsupportedConfigError(f"consumers={NC}; valid: 1, 2 (64 weight rows each)")
     if not isinstance(ST, int) or ST < 2:
         raise UnsupportedConfigError(f"stages={ST} must be an int >= 2")
+    if cfg.in_flight not in (0, 1):
+        raise UnsupportedConfigError(f"in_flight={cfg.in_flight!r}; valid: 0, 1")
+    INF = cfg.in_flight
     roles = WarpgroupRoles(1, NC, cfg.producer_regs, cfg.consumer_regs)
     if BT // 2 + 64 > cfg.consumer_regs:
         raise UnsupportedConfigError(f"block_m={BT} needs {BT // 2} accumulator registers per thread; "
@@ -229,6 +237,32 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             program.emit(y[s], regs, scale_pair=[sp[r // 2] for r in range(R)])
 
     @T.inline
+    def chunk(S, Ws, acc, af, wb, y, rr, sv, sp, desc, t, kt, nb, c, warp, lane, g, q):
+        it = T.meta_var(t * KT + kt)
+        s = T.meta_var(ring.stage(it))
+        T.ptx["ld.global.nc.v2.b32"](sv[0], sv[1], S.ptr_to([nb, kt * CHUNK // G, g // 2, 0]))
+        ring.consumer_wait(it)
+        for u in T.unroll(WPC):
+            wb[u] = T.reinterpret("uint32", Ws[s, c * 4 + warp, lane, u])
+        repair(wb, y, rr, q)
+        sp[0] = pair_of_column(sv[0], sv[1], g, 0)
+        sp[1] = pair_of_column(sv[0], sv[1], g, 1)
+        decode_steps(y, af, sp)
+        em.fence()
+        for ks in T.unroll(WPC):
+            em.mma([acc[i] for i in range(NACC)], [af[4 * ks + j] for j in range(4)], desc, ks,
+                   stage=(s,), scale_d=kt > 0 if ks == 0 else True)
+        em.commit_group()
+        # retire wgmmas in the chunk that issued them or the next one (a wait deferred past a loop iteration made
+        # ptxas serialize every wgmma, C7514, through the epilogue's accumulator reads)
+        if INF == 0:
+            em.wait_group(0)               # this chunk's wgmmas read af and the stage
+            ring.consumer_release(it)
+        else:
+            em.wait_group(1)               # chunk kt - 1 retired: its stage is free, its A buffer reusable
+            ring.consumer_release(it + ST - 1, pred=kt > 0)
+
+    @T.inline
     def body(A, W, S, C, x_map, w_map, c_map):
         T.attr(WarpgroupRoles.launch_attr())
         worker = T.cta_id([NW])
@@ -263,7 +297,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             g = T.meta_var(lane // 4)
             q = T.meta_var(lane % 4)
             acc = T.alloc_local((NACC,), "float32")
-            af = T.alloc_local((4 * WPC,), "uint32")
+            af0 = T.alloc_local((4 * WPC,), "uint32")
+            af1 = T.alloc_local((4 * WPC,), "uint32")
             wb = T.alloc_local((WPC,), "uint32")
             y = T.alloc_local((4,), "uint32")
             rr = T.alloc_local((1,), "uint32")
@@ -275,27 +310,17 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 tm = T.meta_var(sched.tile(worker, t)[0])
                 tn = T.meta_var(sched.tile(worker, t)[1])
                 nb = T.meta_var(tn * NB + c * 4 + warp)
-                for kt in T.serial(KT):
-                    it = T.meta_var(t * KT + kt)
-                    s = T.meta_var(ring.stage(it))
-                    T.ptx["ld.global.nc.v2.b32"](sv[0], sv[1], S.ptr_to([nb, kt * CHUNK // G, g // 2, 0]))
-                    ring.consumer_wait(it)
-                    for u in T.unroll(WPC):
-                        wb[u] = T.reinterpret("uint32", Ws[s, c * 4 + warp, lane, u])
-                    repair(wb, y, rr, q)
-                    sp[0] = pair_of_column(sv[0], sv[1], g, 0)
-                    sp[1] = pair_of_column(sv[0], sv[1], g, 1)
-                    decode_steps(y, af, sp)
-                    em.fence()
-                    for ks in T.unroll(WPC):
-                        em.mma([acc[i] for i in range(NACC)], [af[4 * ks + j] for j in range(4)], desc, ks,
-                               stage=(s,), scale_d=kt > 0 if ks == 0 else True)
-                    em.commit_group()
-                    # retire this chunk's wgmmas here (they read af and the stage): a wait only at the top of the
-                    # next chunk makes ptxas serialize every wgmma (C7514, the epilogue's accumulator reads). The
-                    # other consumer warpgroup decodes while this one waits (measure a 2-buffer af variant next)
+                if INF == 0:
+                    for kt in T.serial(KT):
+                        chunk(S, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, kt, nb, c, warp, lane, g, q)
+                else:
+                    for k2 in T.serial(KT // 2):
+                        chunk(S, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, 2 * k2, nb, c, warp, lane, g, q)
+                        chunk(S, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, 2 * k2 + 1, nb, c, warp, lane, g, q)
+                    if KT % 2 == 1:
+                        chunk(S, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, KT - 1, nb, c, warp, lane, g, q)
                     em.wait_group(0)
-                    ring.consumer_release(it)
+                    ring.consumer_release(t * KT + KT - 1)
                 em.pin_accumulators(acc)
                 # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m]
                 bulk_wait(0, read=True)                       # the previous tile's store has read Cs[c]
