@@ -159,6 +159,25 @@ def dequant_every_path():
     return bool(ok)
 
 
+@case
+def dequant_hopper_fused():
+    """The fused Hopper int4 dequant GEMM (the "hopper_fused" path, outside the default plan) at ragged M."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+    from mmaemit.dequant import QuantScheme, quantize
+    from mmaemit.dequant.kernel_layout import kernel_arguments
+
+    qw = quantize(torch.randn(512, 1024).half(), QuantScheme("int4", 128))
+    tensors, kw = kernel_arguments(qw)
+    tensors = [t.cuda() for t in tensors]
+    w = qw.dequantize().double().cuda()
+    dg = DequantGemm(512, 1024, arch="sm_90a", **kw)
+    ok = True
+    for M in (7, 130):
+        x = torch.randn(M, 1024, device="cuda").half()
+        ok &= _rel(dg.run_path("hopper_fused", x, *tensors), x.double() @ w.T) < 3e-3
+    return bool(ok)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--list" in argv:
