@@ -79,3 +79,15 @@ def device_arch(device_index: int = 0) -> Arch:
     major, minor = torch.cuda.get_device_capability(device_index)
     number = major * 10 + minor
     return Arch(number, "a" if number >= 90 and number in (90, 100, 120) else "")
+
+
+def device_sm_count(default: int = 132, device_index: int = 0) -> int:
+    """The visible GPU's SM count (through torch); ``default`` without a GPU or torch (132: the H100 SXM, what the
+    persistent kernels size their grid for when they are built on a machine without one)."""
+    try:
+        import torch
+    except ImportError:
+        return default
+    if not torch.cuda.is_available():
+        return default
+    return torch.cuda.get_device_properties(device_index).multi_processor_count

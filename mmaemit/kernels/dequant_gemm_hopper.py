@@ -101,19 +101,6 @@ def quad_word_plan(bits: int = 4) -> dict:
     return plan
 
 
-def _num_sms(cfg):
-    if cfg.num_sms is not None:
-        return cfg.num_sms
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).multi_processor_count
-    except ImportError:
-        pass
-    return 132
-
-
 def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                              config: HopperDequantConfig = HopperDequantConfig(), arch="sm_90a", *,
                              weight_format="int4", zeros_mode=None):
@@ -124,7 +111,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     from tvm.script import tirx as T
 
     from mmaemit import isa
-    from mmaemit.arch import as_arch
+    from mmaemit.arch import as_arch, device_sm_count
     from mmaemit.emitters.builder import emit, store
     from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
     from mmaemit.dequant.kernel_layout import words_per_chunk
@@ -194,7 +181,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}) or "
                                      f"block_m ({BT})")
-    sms = _num_sms(cfg)
+    sms = cfg.num_sms if cfg.num_sms is not None else device_sm_count()
     GN = N // BW
     if DYN:
         sched = PersistentTileScheduler((M + (BT - 1)) // BT, GN, sms, cfg.panel, 1)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmaemit import isa
-from mmaemit.arch import as_arch
+from mmaemit.arch import as_arch, device_sm_count
 from mmaemit.dtypes import bits, canonical
 from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
@@ -84,19 +84,6 @@ def default_out_dtype(dtype) -> str:
         raise UnsupportedConfigError(f"input dtype {dtype!r} is not supported by the Hopper GEMM; valid: "
                                      f"{choices(DTYPES)}")
     return dtype if bits(dtype) == 16 else DTYPES[dtype][1][0]
-
-
-def _num_sms(cfg):
-    if cfg.num_sms is not None:
-        return cfg.num_sms
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).multi_processor_count
-    except ImportError:
-        pass
-    return 132
 
 
 def smem_bytes(dtype, out_dtype, config: HopperGemmConfig) -> int:
@@ -212,7 +199,7 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
         b_map_t = TmaTile.for_layout(B_SHAPE, em.shared_layout("B"), multicast=CL)
     c_map_t = TmaTile((M, N), out_dtype, (EPI_ROWS, OUT_COLS), SPAN)
     GN, KT = -(-N // BN), -(-K // BK)
-    sms = _num_sms(cfg)
+    sms = cfg.num_sms if cfg.num_sms is not None else device_sm_count()
     if DYN:
         GM = (M + (BM - 1)) // BM
         sched = PersistentTileScheduler(GM, GN, sms, cfg.panel, 1)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmaemit import TensorCoreIntrinEmitter, make_mma_swizzle_layout
-from mmaemit.arch import as_arch
+from mmaemit.arch import as_arch, device_sm_count
 from mmaemit.dtypes import bits, canonical, is_float
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.layouts.raster import L2_BYTES, RASTER_ORDERS, choose_raster, raster_order
@@ -121,7 +121,7 @@ def make_gemm(M, N, K, dtype="float16", out_dtype=None, accum_dtype=None, trans_
     if raster == "auto":
         # one wave = (SMs x 1 CTA) consecutive tiles; the rule and its measurement: mmaemit.layouts.raster
         sm_major = as_arch(arch or "sm_90a").number // 10
-        wave = min(cfg.persistent, TILES) if cfg.persistent else (132 if sm_major >= 9 else 108)
+        wave = min(cfg.persistent, TILES) if cfg.persistent else device_sm_count(132 if sm_major >= 9 else 108)
         raster, panel = choose_raster(GM, GN, BM, BN, K, wave, L2_BYTES.get(sm_major, L2_BYTES[9]),
                                       bits(dtype) / 8, bits(b_dtype) / 8, cfg.panel)
     order = raster_order(raster, GM, GN, panel)

@@ -13,8 +13,8 @@ or get the compiled winner for a problem and launch it yourself::
 Candidate sets (the hand sweeps of ``benchmarks/`` that picked today's defaults): the mma.sync GEMM's CTA tiles x
 ``stages`` 3 / 4 per operand width (12 for 16- and 8-bit operands, 8 for 4-bit; warp tiles 64 x 64), pruned by
 divisibility and the arch's shared memory, plus on sm_90a the Hopper TMA + wgmma GEMM's 8 (every major for 16-bit
-dtypes, A [M, K] and B [N, K] for 8-bit; also the untuned default wherever it applies; ``block_n`` x ``stages`` x ``cluster_m``, fp8 unscaled,
-the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
+dtypes, A [M, K] and B [N, K] for 8-bit; also the untuned default wherever it applies; ``block_n`` x ``stages`` x
+``cluster_m``, fp8 unscaled, the same output dtypes); the dequant GEMM's ``GemvConfig`` sweep for M <= 16, else the
 ``TiledConfig`` sweep plus, on sm_90a, the ``WgmmaConfig`` sweep (tuning decides between mma.sync and wgmma). The
 dequant table key buckets M to the next power of two. ``MMAEMIT_AUTOTUNE=0`` gives the hand-picked defaults.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from mmaemit.arch import device_sm_count
 from mmaemit.dtypes import bits, canonical, is_float
 from mmaemit.errors import ArgumentError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig, default_tiled_config, make_dequant_gemm
@@ -127,17 +128,6 @@ def _mma_prune(config: GemmConfig, args):
 register_gemm_family(GemmFamily("mma.sync", GemmConfig, make_gemm, mma_gemm_configs, _mma_prune))
 
 
-def _num_sms() -> int:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).multi_processor_count
-    except ImportError:
-        pass
-    return 132
-
-
 def _hopper_applies(args, k_major_only=False) -> bool:
     """The Hopper GEMM takes the problem: sm_90a, one dtype it supports, and operands wgmma can read — K-contiguous
     A [M, K] / B [N, K] for every dtype, M/N-contiguous ones (A [K, M], B [K, N]) for 16-bit dtypes only."""
@@ -149,11 +139,12 @@ def _hopper_applies(args, k_major_only=False) -> bool:
 
 
 def hopper_gemm_configs(args) -> list:
-    """The Hopper GEMM's candidates (sm_90a; any major for 16-bit dtypes, K-contiguous for 8-bit): ``block_n`` 128 / 256 x ``stages``
-    3 / 4 x ``cluster_m`` 1 / 2 (B multicast), two consumer warpgroups, the persistent grid = the GPU's SMs."""
+    """The Hopper GEMM's candidates (sm_90a; any major for 16-bit dtypes, K-contiguous for 8-bit): ``block_n``
+    128 / 256 x ``stages`` 3 / 4 x ``cluster_m`` 1 / 2 (B multicast), two consumer warpgroups, the persistent grid
+    = the GPU's SMs."""
     if not _hopper_applies(args):
         return []
-    sms = _num_sms()
+    sms = device_sm_count()
     return [HopperGemmConfig(block_n=bn, stages=st, cluster_m=cl, num_sms=sms)
             for bn in (256, 128) for st in (4, 3) for cl in (1, 2)]
 
@@ -194,10 +185,10 @@ def gemm_prune(params, args):
 
 def default_gemm_config(args) -> dict:
     """Today's hand-picked configuration: the Hopper GEMM's ``HopperGemmConfig()`` where it applies (sm_90a; any
-    major for 16-bit dtypes, A [M, K] and B [N, K] for 8-bit); else ``GemmConfig()`` for 16-bit operands, 128x128x64 / 3 stages for 8- and 4-bit ones
-    (block_k = 64 holds one k32 / k64 step per warp tile)."""
+    major for 16-bit dtypes, A [M, K] and B [N, K] for 8-bit); else ``GemmConfig()`` for 16-bit operands,
+    128x128x64 / 3 stages for 8- and 4-bit ones (block_k = 64 holds one k32 / k64 step per warp tile)."""
     if _hopper_applies(args):   # H100, 4096^3 fp16 with B [K, N]: 192.9 us vs the mma.sync default's 343.2 (1.78x)
-        return {"config": HopperGemmConfig(num_sms=_num_sms())}
+        return {"config": HopperGemmConfig(num_sms=device_sm_count())}
     if _operand_bits(args) == 16:
         return {"config": GemmConfig()}
     return {"config": GemmConfig(128, 128, 64, 64, 64, 3)}
