@@ -124,17 +124,22 @@ def flash_attention_hopper():
     return _attention("wgmma")
 
 
+def _int4_weights(n, k):
+    """Random int4 g128 weights [n, k] in the kernel layout on the GPU, their kwargs and the exact float64 weight."""
+    from mmaemit.dequant import QuantScheme, quantize
+    from mmaemit.dequant.kernel_layout import kernel_arguments
+
+    qw = quantize(torch.randn(n, k).half(), QuantScheme("int4", 128))
+    tensors, kw = kernel_arguments(qw)
+    return [t.cuda() for t in tensors], kw, qw.dequantize().double().cuda()
+
+
 @case
 def dequant_tiled_paths():
     """The symbolic-M mma.sync tiled paths (what serves M > 16 without wgmma) at ragged M."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
-    from mmaemit.dequant import QuantScheme, quantize
-    from mmaemit.dequant.kernel_layout import kernel_arguments
 
-    qw = quantize(torch.randn(512, 1024).half(), QuantScheme("int4", 128))
-    tensors, kw = kernel_arguments(qw)
-    tensors = [t.cuda() for t in tensors]
-    w = qw.dequantize().double().cuda()
+    tensors, kw, w = _int4_weights(512, 1024)
     dg = DequantGemm(512, 1024, arch="sm_90a", large_m=1000, **kw)
     ok = True
     for M in (33, 100):                                 # tiled64, tiled128
@@ -163,13 +168,8 @@ def dequant_every_path():
 def dequant_hopper_fused():
     """The fused Hopper int4 dequant GEMM (the "hopper_fused" path, outside the default plan) at ragged M."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
-    from mmaemit.dequant import QuantScheme, quantize
-    from mmaemit.dequant.kernel_layout import kernel_arguments
 
-    qw = quantize(torch.randn(512, 1024).half(), QuantScheme("int4", 128))
-    tensors, kw = kernel_arguments(qw)
-    tensors = [t.cuda() for t in tensors]
-    w = qw.dequantize().double().cuda()
+    tensors, kw, w = _int4_weights(512, 1024)
     dg = DequantGemm(512, 1024, arch="sm_90a", **kw)
     ok = True
     for M in (7, 130):

@@ -70,6 +70,18 @@ def _group(key_scales, groups, K, group_size):
     return g
 
 
+def _scales_and_zeros(ck, prefix, kq, K, N, bits, group_size):
+    """GPTQ and AWQ alike: ``.scales`` float [G, N] and ``.qzeros`` int32 [G, N * bits / 32]; returns them and the
+    group size (from the scales when ``group_size`` is None). ``kq``: the qweight key N came from."""
+    ks, scales = _tensor(ck, prefix, "scales", (torch.float16, torch.bfloat16, torch.float32), 2)
+    if scales.shape[1] != N:
+        raise ArgumentError(f"{ks!r} has shape {list(scales.shape)}: its columns must be N={N} (from {kq!r})")
+    G = _group(ks, scales.shape[0], K, group_size)
+    kz, qzeros = _tensor(ck, prefix, "qzeros", (torch.int32,), 2)
+    _shape(kz, qzeros, [K // G, N * bits // 32])
+    return scales, qzeros, G
+
+
 class QuantLinear(nn.Module):
     """``y = x @ dequant(W)^T + bias`` with the weight in the dequant kernels' layout (see the module doc).
 
@@ -164,12 +176,7 @@ class QuantLinear(nn.Module):
             raise UnsupportedConfigError(f"GPTQ bits={bits}; valid: 2, 4, 8")
         kq, qweight = _tensor(ck, prefix, "qweight", (torch.int32,), 2)
         K, N = qweight.shape[0] * 32 // bits, qweight.shape[1]
-        ks, scales = _tensor(ck, prefix, "scales", (torch.float16, torch.bfloat16, torch.float32), 2)
-        if scales.shape[1] != N:
-            raise ArgumentError(f"{ks!r} has shape {list(scales.shape)}: its columns must be N={N} (from {kq!r})")
-        G = _group(ks, scales.shape[0], K, group_size)
-        kz, qzeros = _tensor(ck, prefix, "qzeros", (torch.int32,), 2)
-        _shape(kz, qzeros, [K // G, N * bits // 32])
+        scales, qzeros, G = _scales_and_zeros(ck, prefix, kq, K, N, bits, group_size)
         g_idx = None
         kg = f"{prefix}.g_idx" if prefix else "g_idx"
         if kg in ck:
@@ -196,12 +203,7 @@ class QuantLinear(nn.Module):
             raise UnsupportedConfigError(f"AWQ bits={bits}; valid: 4")
         kq, qweight = _tensor(ck, prefix, "qweight", (torch.int32,), 2)
         K, N = qweight.shape[0], qweight.shape[1] * 32 // bits
-        ks, scales = _tensor(ck, prefix, "scales", (torch.float16, torch.bfloat16, torch.float32), 2)
-        if scales.shape[1] != N:
-            raise ArgumentError(f"{ks!r} has shape {list(scales.shape)}: its columns must be N={N} (from {kq!r})")
-        G = _group(ks, scales.shape[0], K, group_size)
-        kz, qzeros = _tensor(ck, prefix, "qzeros", (torch.int32,), 2)
-        _shape(kz, qzeros, [K // G, N * bits // 32])
+        scales, qzeros, G = _scales_and_zeros(ck, prefix, kq, K, N, bits, group_size)
         bias = cls._bias(ck, prefix, N)
         dev = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
         qw = from_awq(qweight.to(dev), qzeros.to(dev), scales.to(dev), bits=bits, group_size=G if G != K else -1)
