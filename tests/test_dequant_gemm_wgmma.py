@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import mmaemit
+from mmaemit.runtime.sass import wgmma_accumulator_hazards
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
 from mmaemit.errors import ArchError, PerformanceWarning, TileShapeError
@@ -30,6 +31,7 @@ def test_wgmma_issued_back_to_back(cfg, dtype):
     assert hist.get(f"HGMMA.64x{cfg.block_t}x16.{ab}", 0) == hgmma == 4, hist
     # one warpgroup arrive per chunk: ptxas did not serialize the four wgmma (C7514 gives one arrive per wgmma)
     assert arrive == 1, hist
+    assert wgmma_accumulator_hazards(kernel.sass("sm_90a")) == []
     assert kernel.resource_usage("sm_90a").spill_store_bytes == 0
     assert hist.get("LDGSTS.E.BYPASS.128", 0) > 0 and hist.get("LDGSTS.E", 0) > 0   # weights 16 B, activations 4 B
 

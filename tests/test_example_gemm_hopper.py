@@ -31,6 +31,8 @@ def test_hopper_example_sass():
     kt = ns["K"] // ns["BK"]
     assert hist.get("HGMMA.64x128x16.F32", 0) == 4, hist      # one K block = 4 k16 wgmmas (the K loop stays a loop)
     assert hist.get("WARPGROUP.ARRIVE", 0) == 1, hist          # issued back to back: no serialization
+    from mmaemit.runtime.sass import wgmma_accumulator_hazards
+    assert wgmma_accumulator_hazards(k.sass("sm_90a")) == []
     assert hist.get("UTMALDG.2D", 0) == 2 * kt, hist           # the producer's loop is unrolled: A and B per K block
     assert not any(op.startswith("LDGSTS") for op in hist), hist
     usage = k.resource_usage("sm_90a")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import mmaemit
+from mmaemit.runtime.sass import wgmma_accumulator_hazards
 from mmaemit import isa
 from mmaemit.errors import ArgumentError, LayoutError, TileShapeError, UnsupportedConfigError
 from mmaemit.interpret import interpret
@@ -219,6 +220,7 @@ def test_hopper_sass_has_no_spills_and_uses_hgmma(D, causal, overlap, v_major):
         assert mix.get("LDSM", 0) == 0 and mix.get("STSM", 0) == 0, mix
     sass = kernel.sass("sm_90a")
     assert "UTMALDG.2D" in sass and "SYNCS" in sass
+    assert wgmma_accumulator_hazards(sass) == []
 
 
 # ---- GPU vs torch SDPA (fp32) ----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import mmaemit
+from mmaemit.runtime.sass import wgmma_accumulator_hazards
 from mmaemit.errors import ArchError, LayoutError, TileShapeError, UnsupportedConfigError
 from mmaemit.kernels.gemm_hopper import HopperGemmConfig, default_out_dtype, make_gemm_hopper, smem_bytes
 from mmaemit.layouts import make_mma_swizzle_layout
@@ -135,6 +136,7 @@ def test_hopper_gemm_sass(dtype, out):
     log = k.cubin("sm_90a").ptxas_log
     assert "C7514" not in log and "C7508" not in log, log      # no serialized wgmma, setmaxnreg honoured
     assert "USETMAXREG" in k.sass("sm_90a")
+    assert wgmma_accumulator_hazards(k.sass("sm_90a")) == []
 
 
 @pytest.mark.parametrize("ta, tb", [(True, True), (False, False), (True, False)])
@@ -147,6 +149,7 @@ def test_hopper_gemm_mn_major_sass(ta, tb):
     hist = k.opcode_histogram("sm_90a")
     assert hist.get("HGMMA.64x256x16.F32", 0) == 4 and hist.get("WARPGROUP.ARRIVE", 0) == 1, hist
     assert hist.get("UTMALDG.2D", 0) == (2 if ta else 1) + (1 if tb else 4), hist
+    assert wgmma_accumulator_hazards(k.sass("sm_90a")) == []
     usage = k.resource_usage("sm_90a")
     assert usage.spill_store_bytes == usage.spill_load_bytes == 0
     log = k.cubin("sm_90a").ptxas_log

@@ -347,8 +347,11 @@ def test_warp_specialized_gemm_matches_float64(name):
 
 def test_warp_specialized_gemm_sass():
     M, N, Kd, kw = GEMMS["2c2s_tma_store"]
-    mix = mmaemit.compile(_gemm(M, N, Kd, **kw), target="sm_90a").instruction_mix("sm_90a")
+    k = mmaemit.compile(_gemm(M, N, Kd, **kw), target="sm_90a")
+    mix = k.instruction_mix("sm_90a")
     assert mix["HGMMA"] > 0 and mix["UTMALDG"] > 0 and mix["UTMASTG"] > 0 and mix["LDGSTS"] == 0
+    from mmaemit.runtime.sass import wgmma_accumulator_hazards
+    assert wgmma_accumulator_hazards(k.sass("sm_90a")) == []
 
 
 @pytest.mark.parametrize("fault, kind, error, words", [

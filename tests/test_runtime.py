@@ -484,3 +484,23 @@ def test_gpu_kernel_for_another_arch_is_refused():
     b = torch.randn(16, 8, device="cuda").half()
     with pytest.raises(ArgumentError, match=f"compiled for {other}"):
         k(a, b, torch.empty(16, 8, device="cuda"))
+
+
+def test_wgmma_accumulator_hazard_checker():
+    """The SASS scan flags an accumulator read between an HGMMA and the WARPGROUP.DEPBAR that retires it (the
+    pattern ptxas produced for the fused Hopper dequant epilogue), not one after it, and tracks only the HGMMA's own
+    registers (64 x 128 fp32: R24..R87)."""
+    from mmaemit.runtime.sass import wgmma_accumulator_hazards
+
+    def sass(*lines):
+        body = "\n".join(f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(lines))
+        return "\n\tFunction : k\n" + body + "\n"
+
+    hg = "HGMMA.64x128x16.F32 R24, R104, gdesc[UR4], R24, gsb0"
+    early = sass(hg, "WARPGROUP.DEPBAR.LE gsb0, 0x1", "F2FP.F16.F32.PACK_AB R115, R87, R86",
+                 "WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    assert [h[1:] for h in wgmma_accumulator_hazards(early)] == [(2, "F2FP.F16.F32.PACK_AB R115, R87, R86")]
+    late = sass(hg, "IMAD R88, R2, 0x4, RZ", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "F2FP.F16.F32.PACK_AB R115, R87, R86")
+    assert wgmma_accumulator_hazards(late) == []            # R88 is not an accumulator; the read is after the wait
+    pred = sass("IGMMA.64x64x32.S8.S8 R24, gdesc[UR4], RZ, !UPT, gsb0", "@P0 IADD3 R40, R55, 0x1, RZ")
+    assert len(wgmma_accumulator_hazards(pred)) == 1         # s32 64 x 64: R24..R55; predicated reads count

@@ -169,15 +169,17 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
     WPC = words_per_chunk(bits)           # 4 words per lane per n16 block and chunk = one per k16 step
     KT = K // CHUNK
+    PAIRS = (KT - 1) // 2                 # in_flight=1: chunk pairs in the K loop before the peeled tail
     em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128, stages=(ST,),
                             arch=arch)
     if em.k_steps != WPC:
         raise AssertionError(f"{em.k_steps} wgmma k steps per chunk but {WPC} words per lane")
     x_map_t = TmaTile.for_layout((M, K), em.shared_layout("B"))                 # activations: the wgmma B tile
     w_map_t = TmaTile((N // 16, KT, 32, WPC), "int32", (NB, 1, 32, WPC))       # packed words, plain order
+    s_map_t = TmaTile((N // 16, K // G, 16), dtype, (NB, 1, 16))               # the chunk's group scales
     c_map_t = TmaTile((M, N), dtype, (BT, 64))                                  # one box per consumer
-    X_BYTES, W_BYTES = x_map_t.box_bytes, w_map_t.box_bytes
-    smem = ST * (X_BYTES + W_BYTES) + NC * c_map_t.box_bytes + 16 * ST + 2048
+    X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
+    smem = ST * (X_BYTES + W_BYTES + S_BYTES) + NC * c_map_t.box_bytes + 16 * ST + 2048
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}) or "
                                      f"block_m ({BT})")
@@ -224,11 +226,11 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             program.emit(y[s], regs, scale_pair=[sp[r // 2] for r in range(R)])
 
     @T.inline
-    def chunk(S, Ws, acc, af, wb, y, rr, sv, sp, desc, t, kt, nb, c, warp, lane, g, q):
+    def chunk(Ss, Ws, acc, af, wb, y, rr, sv, sp, desc, t, kt, c, warp, lane, g, q, final=False):
         it = T.meta_var(t * KT + kt)
         s = T.meta_var(ring.stage(it))
-        T.ptx["ld.global.nc.v2.b32"](sv[0], sv[1], S.ptr_to([nb, kt * CHUNK // G, g // 2, 0]))
         ring.consumer_wait(it)
+        T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, c * 4 + warp, g // 2 * 4]))
         for u in T.unroll(WPC):
             wb[u] = T.reinterpret("uint32", Ws[s, c * 4 + warp, lane, u])
         repair(wb, y, rr, q)
@@ -245,12 +247,18 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         if INF == 0:
             em.wait_group(0)               # this chunk's wgmmas read af and the stage
             ring.consumer_release(it)
+        elif final:
+            # the tile's last chunk retires everything in the same chunk: with the last wait after the K loop
+            # instead, ptxas scheduled the epilogue's accumulator reads above it (wrong results on the H100)
+            em.wait_group(0)
+            ring.consumer_release(it + ST - 1, pred=kt > 0)
+            ring.consumer_release(it)
         else:
             em.wait_group(1)               # chunk kt - 1 retired: its stage is free, its A buffer reusable
             ring.consumer_release(it + ST - 1, pred=kt > 0)
 
     @T.inline
-    def body(A, W, S, C, x_map, w_map, c_map):
+    def body(A, W, S, C, x_map, w_map, s_map, c_map):
         T.attr(WarpgroupRoles.launch_attr())
         worker = T.cta_id([NW])
         wg = T.warpgroup_id([roles.warpgroups])
@@ -258,6 +266,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         pool = T.SMEMPool()
         Xs = pool.alloc(em.b_shared_shape, dtype, align=em.b_layout.alignment)      # (ST, BT, 64)
         Ws = pool.alloc((ST, NB, 32, WPC), "int32", align=w_map_t.smem_alignment)
+        Ss = pool.alloc((ST, NB, 16), dtype, align=s_map_t.smem_alignment)
         Cs = pool.alloc((NC, BT, 64), dtype, align=c_map_t.smem_alignment)
         bars = ring.alloc(pool)  # noqa: F841
         pool.commit()
@@ -266,16 +275,23 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         if wg == 0:
             roles.producer_setup()
             if tid == 0:
+                tile = T.alloc_local((2,), "int32")
                 for t in T.serial(sched.count(worker)):
-                    tm = T.meta_var(sched.tile(worker, t)[0])
-                    tn = T.meta_var(sched.tile(worker, t)[1])
+                    # the tile once per tile into registers: with a symbolic M its panel order costs ~20 integer
+                    # divisions, which nvcc does not hoist out of the K loop (the divisor may be 0 for all it knows)
+                    tile[0] = sched.tile(worker, t)[0]
+                    tile[1] = sched.tile(worker, t)[1]
+                    tm = T.meta_var(tile[0])
+                    tn = T.meta_var(tile[1])
                     for kt in T.serial(KT):
                         it = T.meta_var(t * KT + kt)
                         s = T.meta_var(ring.stage(it))
                         ring.producer_acquire(it)
-                        ring.producer_expect(it, X_BYTES + W_BYTES)
+                        ring.producer_expect(it, X_BYTES + W_BYTES + S_BYTES)
                         x_map_t.load(Xs.ptr_to([s, 0, 0]), x_map, (tm * BT, kt * CHUNK), ring.full_ptr(it))
                         w_map_t.load(Ws.ptr_to([s, 0, 0, 0]), w_map, (tn * NB, kt, 0, 0), ring.full_ptr(it))
+                        s_map_t.load(Ss.ptr_to([s, 0, 0]), s_map, (tn * NB, kt * CHUNK // G, 0),
+                                     ring.full_ptr(it))
         else:
             roles.consumer_setup()
             c = T.meta_var(roles.consumer_index(wg))
@@ -293,21 +309,25 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             sp = T.alloc_local((2,), "uint32")
             desc = em.alloc_descriptor()
             em.init_descriptor(desc, Xs, "B")
+            tile = T.alloc_local((2,), "int32")
             for t in T.serial(sched.count(worker)):
-                tm = T.meta_var(sched.tile(worker, t)[0])
-                tn = T.meta_var(sched.tile(worker, t)[1])
-                nb = T.meta_var(tn * NB + c * 4 + warp)
+                tile[0] = sched.tile(worker, t)[0]
+                tile[1] = sched.tile(worker, t)[1]
+                tm = T.meta_var(tile[0])
+                tn = T.meta_var(tile[1])
                 if INF == 0:
                     for kt in T.serial(KT):
-                        chunk(S, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, kt, nb, c, warp, lane, g, q)
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, kt, c, warp, lane, g, q)
                 else:
-                    for k2 in T.serial(KT // 2):
-                        chunk(S, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, 2 * k2, nb, c, warp, lane, g, q)
-                        chunk(S, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, 2 * k2 + 1, nb, c, warp, lane, g, q)
-                    if KT % 2 == 1:
-                        chunk(S, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, KT - 1, nb, c, warp, lane, g, q)
-                    em.wait_group(0)
-                    ring.consumer_release(t * KT + KT - 1)
+                    # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
+                    for k2 in T.serial(PAIRS):
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, 2 * k2, c, warp, lane, g, q)
+                        chunk(Ss, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, 2 * k2 + 1, c, warp, lane, g, q)
+                    if KT - 2 * PAIRS == 2:
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, KT - 2, c, warp, lane, g, q)
+                        chunk(Ss, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, KT - 1, c, warp, lane, g, q, True)
+                    else:
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, KT - 1, c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
                 # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m]
                 bulk_wait(0, read=True)                       # the previous tile's store has read Cs[c]
@@ -326,8 +346,10 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
              S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
         x_map = x_map_t.encode(A)
         w_map = w_map_t.encode(W)
+        S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
+        s_map = s_map_t.encode(S16)
         c_map = c_map_t.encode(C)
         T.device_entry()
-        body(A, W, S, C, x_map, w_map, c_map)
+        body(A, W, S, C, x_map, w_map, s_map, c_map)
 
     return gemm, cfg

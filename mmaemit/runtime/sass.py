@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 __all__ = ["MIX_OPCODES", "ResourceUsage", "sass_functions", "opcode_histogram", "instruction_mix",
-           "parse_ptxas_log"]
+           "parse_ptxas_log", "wgmma_accumulator_hazards"]
 
 #: Opcode bases always present in ``instruction_mix`` (0 when absent): tensor-core MMAs, matrix moves, async copies,
 #: global and shared loads/stores, barriers.
@@ -52,6 +52,47 @@ def _executed_opcodes(sass: str, function: str | None):
                     continue  # guarded by "not true": never executes
                 text = text[m.end():]
             yield text.split()[0]
+
+
+_HGMMA_RE = re.compile(r"^[HIQ]GMMA\.64x(\d+)x\d+\.(\w+)\S*\s+R(\d+)")
+_REG_RE = re.compile(r"(?<![A-Za-z0-9_.])R(\d+)(?![0-9])")
+
+
+def wgmma_accumulator_hazards(sass: str, function: str | None = None) -> list:
+    """Instructions that touch an ``HGMMA`` accumulator register while that HGMMA may still be in flight.
+
+    A linear scan in address order per function: every HGMMA / IGMMA / QGMMA adds its accumulator registers
+    (``64 x N`` fp32 / s32: N / 2 registers from the first operand; fp16: N / 4) to the pending set, ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` clears
+    it (``0x1`` etc. retire an unknown subset and clear nothing), and any other instruction naming a pending register
+    is a hazard: PTX requires ``wgmma.wait_group`` before accumulators are read or written. Returns
+    ``[(function, index, instruction text), ...]``; ``[]`` = none found. Branch targets are not followed, so code
+    reached only through a loop back edge is checked in layout order (ptxas lays loops out in order).
+
+    Why it exists: ptxas moved fp32->fp16 conversions of the accumulators above the final
+    ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` when the last wait followed a K loop that kept one wgmma group in flight, and
+    the kernel returned wrong sums on the H100 (docs/perf-notes.md, fused Hopper dequant GEMM, 2026-11-26).
+    """
+    funcs = sass_functions(sass)
+    if function is not None:
+        funcs = {function: funcs.get(function, [])}
+    found = []
+    for name, instrs in funcs.items():
+        pending: set = set()
+        for i, text in enumerate(instrs):
+            body = _PRED_RE.sub("", text, count=1)
+            m = _HGMMA_RE.match(body)
+            if m:
+                n, kind, base = int(m.group(1)), m.group(2), int(m.group(3))
+                count = n // 4 if kind == "F16" else n // 2
+                pending.update(range(base, base + count))
+                continue
+            if body.startswith("WARPGROUP.DEPBAR"):
+                if body.replace(" ", "").endswith("0x0"):
+                    pending.clear()
+                continue
+            if pending and any(int(r) in pending for r in _REG_RE.findall(body)):
+                found.append((name, i, text))
+    return found
 
 
 def opcode_histogram(sass: str, function: str | None = None) -> dict:
