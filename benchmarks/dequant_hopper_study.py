@@ -17,15 +17,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-#: candidates per M range: (first M, last M) -> [(block_m, consumers, stages, in_flight)]
+#: candidates per M range: (first M, last M) -> [(block_m, consumers, stages, in_flight[, k_split])]
 CANDIDATES = [
-    ((1, 8), [(8, 1, 8, 1), (8, 1, 16, 1), (8, 2, 8, 1)]),
-    ((9, 16), [(16, 1, 8, 1), (16, 1, 16, 1), (16, 2, 8, 1)]),
-    ((17, 32), [(32, 1, 8, 1), (32, 1, 12, 1), (32, 2, 8, 1)]),
-    ((33, 64), [(64, 1, 8, 1), (64, 1, 12, 1), (64, 2, 6, 1), (64, 2, 6, 0)]),
-    ((65, 128), [(128, 1, 8, 1), (128, 2, 4, 1), (128, 2, 6, 1), (64, 2, 6, 1)]),
-    ((129, 256), [(128, 2, 4, 1), (128, 2, 6, 1), (128, 2, 6, 0), (256, 2, 3, 1)]),
-    ((257, 1 << 30), [(128, 2, 4, 1), (128, 2, 6, 1), (128, 2, 6, 0), (256, 2, 3, 1)]),
+    ((1, 8), [(8, 1, 16, 1), (8, 2, 8, 1, True)]),
+    ((9, 16), [(16, 1, 16, 1), (16, 2, 8, 1, True)]),
+    ((17, 32), [(32, 1, 8, 1), (32, 2, 8, 1, True), (64, 2, 8, 1, True)]),
+    ((33, 64), [(64, 1, 8, 1), (64, 2, 8, 1, True), (64, 2, 12, 1, True)]),
+    ((65, 128), [(128, 1, 8, 1), (128, 2, 6, 1, True), (128, 2, 8, 1, True)]),
+    ((129, 256), [(128, 2, 6, 1), (128, 2, 6, 1, True), (256, 2, 3, 1)]),
+    ((257, 1 << 30), [(128, 2, 6, 1), (256, 2, 3, 1), (256, 2, 4, 1)]),
 ]
 
 
@@ -39,8 +39,8 @@ def candidates(M):
 def _config(c):
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
-    bm, cons, st, fl = c
-    return HopperDequantConfig(block_m=bm, consumers=cons, stages=st, in_flight=fl)
+    bm, cons, st, fl, *ks = c
+    return HopperDequantConfig(block_m=bm, consumers=cons, stages=st, in_flight=fl, k_split=bool(ks and ks[0]))
 
 
 def _build(item):
@@ -91,7 +91,7 @@ def main():
 
     lines = [f"# fused Hopper dequant study, {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"`python benchmarks/dequant_hopper_study.py {' '.join(sys.argv[1:])}`", "",
-             "| N x K | M | config (block_m, consumers, stages, in_flight) | µs | rel err | cuBLAS fp16 µs | plan path | plan µs |",
+             "| N x K | M | config (block_m, consumers, stages, in_flight[, k_split]) | µs | rel err | cuBLAS fp16 µs | plan path | plan µs |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     act = getattr(torch, opts.dtype)

@@ -19,7 +19,7 @@ def specs(args, arch):
         for dt in ("float16", "bfloat16"):
             out.append(dict(N=4096, K=4096, dtype=dt, arch=arch))
         for n, k in ((2048, 1024), (1024, 2048)):
-            out.append(dict(N=n, K=k, dtype="float16", arch=arch, paths=["gemv8", "tiled64", "dense_mid"]))
+            out.append(dict(N=n, K=k, dtype="float16", arch=arch, paths=["gemv8", "tiled64", "dense_mid", "fused64"]))
         out.append(dict(N=256, K=1024, dtype="float16", arch=arch, paths=["tiled64"]))
     if args.bench:
         for shape in args.shapes:

@@ -156,7 +156,7 @@ def dequant_every_path():
     q = QuantLinear.from_linear(lin, "int4", group_size=128).warmup()
     w = q.dequantized_weight().double().cuda()
     ok = True
-    for M in (1, 12, 40, 300, 600):   # gemv8, gemv16, dense_mid (dequant + 128x128 GEMM), dense (128x256 GEMM)
+    for M in (1, 12, 40, 100, 300, 600, 2100):   # gemv8, gemv16, fused64, fused128, fused128x2, fused256, dense
         x = torch.randn(M, 1024, device="cuda").half()
         y = q(x)
         ref = x.double() @ w.T + lin.bias.double()
@@ -166,15 +166,16 @@ def dequant_every_path():
 
 @case
 def dequant_hopper_fused():
-    """The fused Hopper int4 dequant GEMM (the "hopper_fused" path, outside the default plan) at ragged M."""
-    from mmaemit.kernels.dequant_dispatch import DequantGemm
+    """The fused Hopper int4 dequant GEMM at its four tile shapes, each at a ragged M and out of its plan range."""
+    from mmaemit.kernels.dequant_dispatch import FUSED_PATHS, DequantGemm
 
     tensors, kw, w = _int4_weights(512, 1024)
     dg = DequantGemm(512, 1024, arch="sm_90a", **kw)
     ok = True
-    for M in (7, 130):
-        x = torch.randn(M, 1024, device="cuda").half()
-        ok &= _rel(dg.run_path("hopper_fused", x, *tensors), x.double() @ w.T) < 3e-3
+    for path in FUSED_PATHS:
+        for M in (7, 130):
+            x = torch.randn(M, 1024, device="cuda").half()
+            ok &= _rel(dg.run_path(path, x, *tensors), x.double() @ w.T) < 3e-3
     return bool(ok)
 
 

@@ -10,7 +10,7 @@ from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
 from mmaemit.errors import ArgumentError, TileShapeError
 from mmaemit.kernels.dequant_dense import make_dequant_to_dense
-from mmaemit.kernels.dequant_dispatch import LARGE_M, WIDE_M, DequantGemm
+from mmaemit.kernels.dequant_dispatch import FUSED_DENSE_M, LARGE_M, WIDE_M, DequantGemm
 from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
 from mmaemit.kernels.gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
@@ -115,9 +115,20 @@ def _hopper():
 @functools.lru_cache(maxsize=None)
 def _dispatcher(large_m=90):
     _, _, kw = _weights()
-    return DequantGemm(N, K, interpret=True, large_m=large_m, wide_m=100, arch="sm_90a",
+    return DequantGemm(N, K, interpret=True, large_m=large_m, wide_m=100, arch="sm_90a", fused=False,
                        configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER,
                                 "hopper_mid": SMALL_HOPPER_MID}, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_dispatcher():
+    from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
+
+    _, _, kw = _weights()
+    small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=2, num_sms=2)
+             for p, bm, c in (("fused64", 32, 1), ("fused128", 64, 1), ("fused128x2", 64, 2), ("fused256", 128, 2))}
+    return DequantGemm(N, K, interpret=True, arch="sm_90a", dense_m=300,
+                       configs=dict(small, gemv8=SMALL_GEMV, gemv16=SMALL_GEMV, hopper=SMALL_HOPPER), **kw)
 
 
 @pytest.mark.parametrize("M", [7, 33])
@@ -155,17 +166,38 @@ def test_dispatcher_plan():
     _, _, kw = _weights()
     plain = DequantGemm(N, K, arch="sm_80", **kw)            # no Hopper: the tiled path serves every M above 16
     assert plain.ranges[-1] == ("tiled128", 65, None) and plain.large_m is None
-    assert DequantGemm(8192, 8192, arch="sm_90a").ranges[-2:] == [("dense_mid", LARGE_M, WIDE_M - 1),
-                                                                  ("dense", WIDE_M, None)]
-    narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, wide_m=256, interpret=True, **kw)   # N=64
+    assert DequantGemm(8192, 8192, arch="sm_90a", fused=False).ranges[-2:] == [("dense_mid", LARGE_M, WIDE_M - 1),
+                                                                               ("dense", WIDE_M, None)]
+    assert DequantGemm(8192, 8192, arch="sm_90a").ranges == [
+        ("gemv8", 1, 8), ("gemv16", 9, 16), ("fused64", 17, 64), ("fused128", 65, 128), ("fused128x2", 129, 511),
+        ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
+    zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original")
+    assert [r[0] for r in zeros.ranges] == ["gemv8", "gemv16", "dense_mid", "dense"]   # no fused path for zeros
+    narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, wide_m=256, interpret=True, fused=False,
+                         **kw)   # N=64
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
     assert narrow.ranges[2] == ("tiled64", 17, 255)
-    assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == ["gemv8", "gemv16", "tiled64", "tiled128",
-                                                                      "dense_mid", "dense", "wgmma",
-                                                                      "hopper_fused"]
+    assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
+        "gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense", "fused64", "fused128", "fused128x2", "fused256",
+        "wgmma"]
+    # N = 64: the two-consumer fused tiles (128 weight rows) do not fit; the one-consumer ones take their range
+    assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused64",
+                                                                                "fused128", "dense"]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(ArgumentError, match="A must be a 2-D"):
         _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])
+
+
+@pytest.mark.parametrize("M", [33, 70, 150, 300])
+def test_fused_dispatcher_routes_ragged_m_on_the_interpreter(M):
+    """int4 on sm_90a: fused64 / fused128 / fused128x2 for M > 16 (small tiles, two persistent CTAs), dense from
+    dense_m (300 here); NaN-poisoned output vs the exact product."""
+    dg = _fused_dispatcher()
+    assert [dg.path_for(m) for m in (33, 70, 150, 300)] == ["fused64", "fused128", "fused128x2", "dense"]
+    qw, tensors, _ = _weights()
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
+    C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
+    _check(C, A, qw, torch.float16)
 
 
 @pytest.mark.parametrize("M", [1, 12, 33, 70, 95, 100])
@@ -192,7 +224,7 @@ def test_dispatcher_every_m_on_the_gpu(dtype):
     of a NaN-poisoned output written and within tolerance of the fp32 product of the dequantized weights."""
     dense, tensors, dg = _gpu_problem(4096, 4096, dtype)
     compiled = {p: k for p, k in dg._kernels.items()}
-    for M in (1, 7, 16, 33, 64, 100, 127, 128, 257, 1000, 4096):
+    for M in (1, 7, 16, 33, 64, 100, 127, 128, 257, 1000, 2100, 4096):
         A = torch.randn(M, 4096, device="cuda").to(dtype)
         C = dg(A, *tensors, out=torch.full((M, 4096), float("nan"), dtype=dtype, device="cuda"))
         torch.cuda.synchronize()

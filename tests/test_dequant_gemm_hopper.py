@@ -1,6 +1,6 @@
 """The fused Hopper dequant GEMM (TMA + mbarrier ring, warp-specialized, int4 decoded into RS wgmma): exact-reference
 runs on the CPU interpreter (fp16 / bf16, group 128 / per column, ragged and symbolic M), SASS shape for sm_90a,
-errors, the DequantGemm "hopper_fused" path (by name, not in the plan) and one GPU test."""
+errors, the DequantGemm fused paths (by name) and GPU tests."""
 import functools
 
 import numpy as np
@@ -137,7 +137,7 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, weight_format="int4", zeros_mode="original", **ok)
     with pytest.raises(UnsupportedConfigError, match="float16"):
         make_dequant_gemm_hopper(64, 256, 512, dtype="float32", **ok)
-    with pytest.raises(TileShapeError, match="multiple of 64 \\* consumers = 128"):
+    with pytest.raises(TileShapeError, match="multiple of the tile's 128 weight rows"):
         make_dequant_gemm_hopper(64, 192, 512, **ok)
     with pytest.raises(TileShapeError, match="multiples of 64"):
         make_dequant_gemm_hopper(64, 256, 500, **ok)
@@ -157,23 +157,47 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(in_flight=2), **ok)
     with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
         make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
+    with pytest.raises(UnsupportedConfigError, match="producers"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(producers=3), **ok)
+    with pytest.raises(UnsupportedConfigError, match="multiple of 2"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(producers=2, stages=3), **ok)
+    with pytest.raises(UnsupportedConfigError, match="consumers must be 2"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(consumers=1, k_split=True), **ok)
+    with pytest.raises(TileShapeError, match="multiple of 128"):
+        make_dequant_gemm_hopper(64, 256, 576, config=HopperDequantConfig(k_split=True), group_size=-1)
 
 
-def test_dispatcher_hopper_fused_by_name_not_in_plan():
-    from mmaemit.kernels.dequant_dispatch import DequantGemm
+@pytest.mark.parametrize("M, k, in_flight, sms, k_split, producers", [
+    (70, 512, 1, 1, True, 1), (33, 640, 1, 2, True, 2), (20, 512, 0, 1, True, 1), (70, 576, 1, 1, False, 2)])
+def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, producers):
+    """k_split: two consumer warpgroups on the same 64 weight rows, even / odd chunks, sums added through shared
+    memory; one persistent CTA walks both N tiles (the hand-over buffer reused across tiles); K=640: 5 chunks per
+    consumer (the single peeled tail chunk); in_flight 0 and 1. producers=2: two threads fill alternate stages (K=576:
+    an odd chunk count, the producers issue 5 and 4)."""
+    args, kw, ref = _problem(M, 128, k, 128 if k == 512 else -1, torch.float16, seed=M)
+    cfg = HopperDequantConfig(block_m=32, consumers=2, k_split=k_split, stages=2 + 2 * producers, num_sms=sms,
+                              in_flight=in_flight,
+                              producers=producers)
+    func, _ = make_dequant_gemm_hopper(None, 128, k, config=cfg, **kw)
+    C = torch.full((M, 128), float("nan"), dtype=torch.float16)
+    assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
+    assert _rel(C, ref) < _tol(torch.float16)
+
+
+def test_dispatcher_fused_path_by_name_outside_its_range():
+    from mmaemit.kernels.dequant_dispatch import FUSED_PATHS, DequantGemm
 
     M = 40
     args, kw, ref = _problem(M, N, K, 128, torch.float16, seed=3)
     dg = DequantGemm(N, K, interpret=True, arch="sm_90a",
-                     configs={"hopper_fused": HopperDequantConfig(block_m=64, num_sms=2)}, **kw)
-    assert "hopper_fused" in dg.runnable_paths()
-    assert all(p != "hopper_fused" for p, _, _ in dg.ranges)
+                     configs={"fused256": HopperDequantConfig(block_m=64, num_sms=2)}, **kw)
+    assert dg.path_for(M) == "fused64" and set(FUSED_PATHS) <= set(dg.runnable_paths())
     C = torch.full((M, N), float("nan"), dtype=torch.float16)
-    dg.run_path("hopper_fused", *args, out=C)
+    dg.run_path("fused256", *args, out=C)
     assert _rel(C, ref) < _tol(torch.float16)
     zq = DequantGemm(N, K, interpret=True, arch="sm_90a", weight_format="uint4", zeros_mode="original")
-    assert "hopper_fused" not in zq.runnable_paths()
-    assert "hopper_fused" not in DequantGemm(N, K, interpret=True, arch="sm_80").runnable_paths()
+    assert not set(FUSED_PATHS) & set(zq.runnable_paths())
+    assert not set(FUSED_PATHS) & set(DequantGemm(N, K, interpret=True, arch="sm_80").runnable_paths())
 
 
 @pytest.mark.gpu

@@ -98,8 +98,9 @@ _FAKE_RATES = {"mmaemit default": 0.55, "mmaemit tuned": 0.6, "mmaemit sweep": 0
 def _impls(suite, opts) -> list:
     out = [f"mmaemit {c}" for c in opts.configs if c != "sweep"]
     if "dynamic" in opts.configs and getattr(opts, "all_paths", False):
-        out += ["mmaemit path tiled64", "mmaemit path tiled128", "mmaemit path dense_mid", "mmaemit path dense",
-                "mmaemit path wgmma"]
+        from ..kernels.dequant_dispatch import EXTRA_PATHS, FUSED_PATHS
+
+        out += [f"mmaemit path {p}" for p in ("tiled64", "tiled128", "dense_mid", "dense") + FUSED_PATHS + EXTRA_PATHS]
     if "sweep" in opts.configs:
         out += ["mmaemit sweep"]
     peers = {"gemm": ["torch.matmul"], "int8": ["torch._int_mm"], "fp8": ["torch._scaled_mm"],
@@ -308,7 +309,7 @@ def _dequant_dynamic(p: Problem, opts, arch, A, rot, ref, floor) -> list:
     ``--all-paths`` each path that can serve this M, checked on a poisoned output, then timed like the others."""
     import torch
 
-    from ..kernels.dequant_dispatch import DequantGemm
+    from ..kernels.dequant_dispatch import EXTRA_PATHS, FUSED_PATHS, DequantGemm
     from ..runtime.timing import time_rotating
 
     a = p.args
@@ -321,7 +322,7 @@ def _dequant_dynamic(p: Problem, opts, arch, A, rot, ref, floor) -> list:
     todo = [("mmaemit dynamic", dg.path_for(M))]
     if getattr(opts, "all_paths", False):
         todo += [(f"mmaemit path {q}", q)
-                 for q in ("tiled64", "tiled128", "dense_mid", "dense", "wgmma", "hopper_fused")
+                 for q in ("tiled64", "tiled128", "dense_mid", "dense") + FUSED_PATHS + EXTRA_PATHS
                  if q in dg.runnable_paths()]
     rows = []
     tol = 2e-3 if A.dtype == torch.float16 else 8e-3

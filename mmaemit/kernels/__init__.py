@@ -4,7 +4,7 @@
 * :mod:`mmaemit.kernels.dequant_gemm` - low-bit weight GEMV / GEMM for every M (``make_dequant_gemm``)
 * :mod:`mmaemit.kernels.dequant_gemm_wgmma` - the Hopper wgmma path of the dequant GEMM (M > 128 on sm_90a)
 * :mod:`mmaemit.kernels.dequant_gemm_hopper` - the fused Hopper dequant GEMM (TMA + mbarrier ring, warp-specialized,
-  int4 decoded into RS wgmma; DequantGemm path ``hopper_fused``)
+  int4 decoded into RS wgmma; DequantGemm's ``fused*`` paths, M = 17 .. 2047 on sm_90a)
 * :mod:`mmaemit.kernels.dequant_parts` - pieces both dequant kernels share (formats, decode program, PrimFunc)
 * :mod:`mmaemit.kernels.flash_attention` - FlashAttention forward on mma.sync (``flash_attention``,
   ``flash_attention_varlen``, ``make_flash_attention``); :mod:`mmaemit.kernels.attention_op` registers it as

@@ -1,27 +1,45 @@
 """Dynamic-M dequant GEMM: one object per weight shape, a few kernels compiled once, every M served without compiling.
 
-``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call):
+``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call).
+On sm_90a with int4 weights without zero points (the format of GPTQ / AWQ checkpoints after import; N a multiple of
+64) the plan is
+
+==============  ====================  ==========================================================================
+path            M range (defaults)    kernel
+==============  ====================  ==========================================================================
+``gemv8``       1 .. 8                :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
+``gemv16``      9 .. 16               the same with ``m_max=16`` (two A rows per lane)
+``fused64``     17 .. 64              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
+                                      mbarrier ring, warp-specialized, int4 decoded into RS wgmma), 64 activation
+                                      rows x 64 weight rows per tile, one consumer warpgroup, 8 stages
+``fused128``    65 .. 128             the same, 128 activation rows
+``fused128x2``  129 .. 511            128 x 128 tiles, two consumer warpgroups, 6 stages
+``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 3 stages
+``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
+                                      bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
+                                      (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``, 128 x 256)
+==============  ====================  ==========================================================================
+
+(``dense_m`` default :data:`FUSED_DENSE_M`.) Other formats, zero points, or GPUs without wgmma:
 
 =============  ===========================  ====================================================================
 path           M range (defaults)           kernel
 =============  ===========================  ====================================================================
-``gemv8``      1 .. 8                       :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
-``gemv16``     9 .. 16                      the same with ``m_max=16`` (two A rows per lane)
+``gemv8``      1 .. 8                       as above
+``gemv16``     9 .. 16                      as above
 ``tiled64``    17 .. 64 (without sm_90a)    :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
 ``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles (``large_m`` > 65, or no sm_90a)
-``dense_mid``  ``large_m`` .. ``wide_m`` - 1 :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into a
-               (sm_90a)                     fp16 / bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
-                                            (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``)
-                                            with 128 x 128 tiles (twice the CTAs of the wide tiles at small M)
+``dense_mid``  ``large_m`` .. ``wide_m`` - 1 the dense scratch + Hopper GEMM with 128 x 128 tiles (sm_90a; twice the
+                                            CTAs of the wide tiles at small M)
 ``dense``      ``wide_m`` .. (sm_90a)       the same with the GEMM's default 128 x 256 tiles
 =============  ===========================  ====================================================================
 
-Extra paths, runnable by name (``run_path``, ``--all-paths``) but not in the plan until measured: ``wgmma``
-(:mod:`~mmaemit.kernels.dequant_gemm_wgmma`) and ``hopper_fused`` (:mod:`~mmaemit.kernels.dequant_gemm_hopper`:
-TMA + mbarrier ring, warp-specialized, int4 decoded inside the pipeline; sm_90a, int4 without zero points).
+An extra path, runnable by name (``run_path``, ``--all-paths``) but in no plan: ``wgmma``
+(:mod:`~mmaemit.kernels.dequant_gemm_wgmma`, register decode with cp.async activations); every path of either plan
+that fits the problem also runs by name.
 
 ``large_m`` (default :data:`LARGE_M`, from the H100 measurement in ``docs/perf-notes.md``) is where the two-kernel
-path starts (``wide_m``, default :data:`WIDE_M`, where its GEMM switches to wide tiles); without sm_90a the tiled path serves every M above 16. Paths whose tiles do not divide N / K drop out
+path starts in the second plan (``wide_m``, default :data:`WIDE_M`, where its GEMM switches to wide tiles); without sm_90a the tiled path serves every M above 16. Paths whose tiles do not divide N / K drop out
 (the next path up takes their range). ``warmup()`` compiles every path; after it a call only checks the arguments and
 launches (no compile, no host synchronisation, outputs and the scratch from torch's caching allocator), so the calls
 can be captured in a CUDA graph. With ``interpret=True`` (or ``MMAEMIT_INTERPRET=1``) the same PrimFuncs run on the
@@ -41,7 +59,7 @@ from .dequant_gemm_wgmma import WgmmaConfig, make_dequant_gemm_wgmma
 from .dequant_parts import check_scheme
 from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
-__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "EXTRA_PATHS", "prebuild"]
+__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "EXTRA_PATHS", "prebuild"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -49,16 +67,26 @@ __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "PATHS", "EXTRA_PATHS", "prebuild
 LARGE_M = 17
 #: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles (128 x 128 won at M=256, lost at 1024)
 WIDE_M = 512
-#: path names, smallest M first; "wgmma" (the register-decode Hopper kernel of
-#: :mod:`mmaemit.kernels.dequant_gemm_wgmma`, symbolic M) and "hopper_fused" (the TMA + mbarrier warp-specialized
-#: kernel that decodes inside the pipeline, :mod:`mmaemit.kernels.dequant_gemm_hopper`; int4 without zero points)
-#: are runnable by name (``run_path``, ``--all-paths``) but not in the plan until measured
+#: path names of the plan without fused paths, smallest M first
 PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
-EXTRA_PATHS = ("wgmma", "hopper_fused")
+#: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
+#: int4 decoded into RS wgmma) at four tile shapes, with the first M each serves on sm_90a (int4 without zero points;
+#: from the tile study on the H100, docs/perf-notes.md, 2026-11-26): they replace tiled64 .. dense_mid there
+FUSED_PATHS = ("fused64", "fused128", "fused128x2", "fused256")
+_FUSED_START = {"fused64": 17, "fused128": 65, "fused128x2": 129, "fused256": 512}
+#: with the fused paths, the first M of the two-kernel ``dense`` path (the fused 256-row tiles won at M=1024 and
+#: lost at 4096 on the H100; the crossover is between)
+FUSED_DENSE_M = 2048
+#: runnable by name (``run_path``, ``--all-paths``), in no plan: the register-decode Hopper kernel of
+#: :mod:`mmaemit.kernels.dequant_gemm_wgmma` (symbolic M)
+EXTRA_PATHS = ("wgmma",)
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
              "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4),
-             "hopper_fused": HopperDequantConfig()}
+             "fused64": HopperDequantConfig(block_m=64, consumers=1, stages=8),
+             "fused128": HopperDequantConfig(block_m=128, consumers=1, stages=8),
+             "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=6),
+             "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=3)}
 
 
 def _interpret_default() -> bool:
@@ -71,13 +99,16 @@ class DequantGemm:
     ``N, K, group_size, dtype, weight_format, zeros_mode``: as :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm`
     (W / S / Z in the kernel layout, ``mmaemit.dequant.kernel_layout.kernel_arguments``). ``arch``: None = the
     visible GPU's (sm_90a rules without one when ``interpret``, else sm_80 rules). ``large_m``: first M of the
-    ``dense`` path (sm_90a only; None = :data:`LARGE_M`). ``configs``: per-path config overrides, keys from
-    :data:`PATHS` plus ``"hopper"`` / ``"hopper_mid"`` (the GEMMs of the dense paths; ``"dense"`` configures their
-    dequant kernel). ``wide_m``: first M of ``dense`` (None = :data:`WIDE_M`). ``interpret``: run on the CPU interpreter.
+    ``dense_mid`` path (sm_90a without the fused paths; None = :data:`LARGE_M`). ``wide_m``: first M of ``dense``
+    there (None = :data:`WIDE_M`). ``dense_m``: first M of ``dense`` when the fused paths serve below it (None =
+    :data:`FUSED_DENSE_M`). ``fused``: False keeps the second plan (tiled / dense_mid) where the fused paths would
+    serve (None: the fused paths wherever they fit). ``configs``: per-path config overrides, keys from :data:`PATHS`, :data:`FUSED_PATHS`,
+    :data:`EXTRA_PATHS` plus ``"hopper"`` / ``"hopper_mid"`` (the GEMMs of the dense paths; ``"dense"`` configures
+    their dequant kernel). ``interpret``: run on the CPU interpreter.
     """
 
     def __init__(self, N, K, group_size=128, dtype="float16", weight_format="int4", zeros_mode=None, arch=None, *,
-                 large_m=None, wide_m=None, configs=None, interpret=None):
+                 large_m=None, wide_m=None, dense_m=None, fused=None, configs=None, interpret=None):
         from mmaemit.arch import as_arch, device_arch
         from mmaemit.errors import ArchError
 
@@ -98,7 +129,7 @@ class DequantGemm:
             raise TileShapeError(f"group_size={group_size} must divide K={K} and be a multiple of 64 (or -1)")
         check_scheme(weight_format, zeros_mode)
         self.weight_format, self.zeros_mode = weight_format, zeros_mode
-        extra = ("hopper", "hopper_mid") + EXTRA_PATHS
+        extra = ("hopper", "hopper_mid") + FUSED_PATHS + EXTRA_PATHS
         unknown = set(configs or {}) - set(PATHS) - set(extra)
         if unknown:
             raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + extra)}, not "
@@ -109,6 +140,8 @@ class DequantGemm:
         self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None
         if hopper and self.wide_m < self.large_m:
             self.wide_m = self.large_m
+        self.dense_m = (FUSED_DENSE_M if dense_m is None else int(dense_m)) if hopper else None
+        self.use_fused = fused
         self.ranges = self._plan()
         self._funcs: dict = {}
         self._kernels: dict = {}
@@ -122,14 +155,28 @@ class DequantGemm:
             return N % cfg.block_n == 0
         if path == "wgmma":
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
-        if path == "hopper_fused":
+        if path in FUSED_PATHS:
             return (N % (64 * cfg.consumers) == 0 and self.weight_format in HOPPER_FUSED_FORMATS
                     and self.zeros_mode is None)
         return True
 
+    def _fused(self) -> bool:
+        """Whether the fused Hopper paths serve M > 16 (sm_90a, int4 without zero points, N a multiple of 64)."""
+        return self.use_fused is not False and self.large_m is not None and self._fits("fused64")
+
     def _plan(self):
         """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path
         whose tiles do not fit N / K drops out and the path below it extends over its range."""
+        if self._fused():
+            start = dict({"gemv8": 1, "gemv16": 9}, **_FUSED_START, dense=self.dense_m)
+            paths = [p for p in ("gemv8", "gemv16") + FUSED_PATHS + ("dense",)
+                     if self._fits(p) and start[p] < self.dense_m or p == "dense"]
+            out = []
+            for i, p in enumerate(paths):
+                lo = 1 if i == 0 else start[p]
+                hi = start[paths[i + 1]] - 1 if i + 1 < len(paths) else None
+                out.append((p, lo, hi))
+            return out
         start = {"gemv8": 1, "gemv16": 9, "tiled64": 17, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
         paths = [p for p in PATHS if start[p] is not None and self._fits(p)]
@@ -153,8 +200,8 @@ class DequantGemm:
     def runnable_paths(self) -> list:
         """Every path that can run this problem here (the plan's and those it leaves unused), in :data:`PATHS`
         order."""
-        return [p for p in PATHS + EXTRA_PATHS if self._fits(p) and
-                (not p.startswith(("dense", "wgmma", "hopper_fused")) or self.large_m is not None)]
+        return [p for p in PATHS + FUSED_PATHS + EXTRA_PATHS if self._fits(p) and
+                (not p.startswith(("dense", "wgmma", "fused")) or self.large_m is not None)]
 
     def path_for(self, M: int) -> str:
         """The path that serves ``M`` rows."""
@@ -176,7 +223,7 @@ class DequantGemm:
             return (make_dequant_gemm_tiled(None, N, K, G, dt, cfg, arch, **kw)[0],)
         if path == "wgmma":
             return (make_dequant_gemm_wgmma(None, N, K, G, dt, cfg, arch, **kw)[0],)
-        if path == "hopper_fused":
+        if path in FUSED_PATHS:
             return (make_dequant_gemm_hopper(None, N, K, G, dt, cfg, arch, **kw)[0],)
         if path == "dequant":
             return (make_dequant_to_dense(N, K, G, dt, self.configs["dense"], arch, **kw),)

@@ -55,7 +55,13 @@ class HopperDequantConfig:
     ``consumers``: math warpgroups of 64 weight rows each (1 or 2); ``stages``: ring depth (>= 2); ``panel``: tile
     rows per rasterization panel; ``num_sms``: persistent grid (None: the visible GPU's SM count, 132 without one).
     ``in_flight``: 1 = two A-register buffers (K loop unrolled by 2): chunk kt decodes while chunk kt - 1's wgmmas
-    run, retired after kt is issued; 0 = retire each chunk's wgmmas before the next decode (one buffer)."""
+    run, retired after kt is issued; 0 = retire each chunk's wgmmas before the next decode (one buffer).
+    ``k_split`` (``consumers=2``, K a multiple of 128): both consumer warpgroups work on the same 64 weight rows,
+    consumer c on the chunks kt = c (mod 2), and their fp32 sums meet in shared memory before the store: two warps
+    per scheduler instead of one where a single warpgroup's per-chunk latency bounds the kernel (small M).
+    ``producers`` (1 or 2): threads of the producer warpgroup (lane 0 of warps 0 and 1) that issue the loads, each
+    every ``producers``-th chunk (its own stages; ``stages`` a multiple of ``producers``): per chunk a producer waits on an mbarrier, arms one and issues three
+    TMA copies, a serial chain that small tiles make the bound."""
 
     block_m: int = 128
     consumers: int = 2
@@ -65,6 +71,8 @@ class HopperDequantConfig:
     consumer_regs: int = 232
     num_sms: int | None = None
     in_flight: int = 1
+    k_split: bool = False
+    producers: int = 1
 
 
 def quad_word_plan(bits: int = 4) -> dict:
@@ -148,15 +156,28 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     if cfg.in_flight not in (0, 1):
         raise UnsupportedConfigError(f"in_flight={cfg.in_flight!r}; valid: 0, 1")
     INF = cfg.in_flight
+    KS = bool(cfg.k_split)
+    NP = cfg.producers
+    if NP not in (1, 2):
+        raise UnsupportedConfigError(f"producers={NP!r}; valid: 1, 2")
+    if ST % NP:
+        # each producer must own its stages: an mbarrier phase is only known by its parity, and a producer two
+        # rounds ahead of the other on a shared stage would take the other's pending round for its own
+        raise UnsupportedConfigError(f"producers={NP} needs stages a multiple of {NP}, not {ST}")
+    if KS and NC != 2:
+        raise UnsupportedConfigError(f"k_split=True splits K between two consumer warpgroups: consumers must be 2, "
+                                     f"not {NC}")
     roles = WarpgroupRoles(1, NC, cfg.producer_regs, cfg.consumer_regs)
     if BT // 2 + 64 > cfg.consumer_regs:
         raise UnsupportedConfigError(f"block_m={BT} needs {BT // 2} accumulator registers per thread; "
                                      f"consumer_regs={cfg.consumer_regs} leaves too few for the decode")
-    BW = 64 * NC                          # weight rows (output columns) per tile
+    RG = 1 if KS else NC                  # 64-row weight groups per tile (k_split: both consumers on one)
+    BW = 64 * RG                          # weight rows (output columns) per tile
     NB = BW // 16                         # n16 blocks per tile (one per consumer warp)
     G = K if group_size in (None, -1) else group_size
     if not isinstance(N, int) or N < 1 or N % BW:
-        raise TileShapeError(f"N={N} must be a positive multiple of 64 * consumers = {BW}")
+        raise TileShapeError(f"N={N} must be a positive multiple of the tile's {BW} weight rows (64 per consumer, "
+                             f"64 with k_split)")
     if not isinstance(K, int) or K < 1 or not isinstance(G, int) or K % CHUNK or G % CHUNK or K % G:
         raise TileShapeError(f"K={K} and group_size={group_size} must be multiples of {CHUNK}, the group dividing K "
                              f"(or -1 for one group per column)")
@@ -169,7 +190,11 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
     WPC = words_per_chunk(bits)           # 4 words per lane per n16 block and chunk = one per k16 step
     KT = K // CHUNK
-    PAIRS = (KT - 1) // 2                 # in_flight=1: chunk pairs in the K loop before the peeled tail
+    STEP = 2 if KS else 1                 # a consumer's chunks are kt = first, first + STEP, ...
+    if KT % STEP:
+        raise TileShapeError(f"k_split=True needs K a multiple of 128 (two consumers, 64-wide chunks), not K={K}")
+    KC = KT // STEP                       # chunks per consumer and tile
+    PAIRS = (KC - 1) // 2                 # in_flight=1: chunk pairs in the K loop before the peeled tail
     em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128, stages=(ST,),
                             arch=arch)
     if em.k_steps != WPC:
@@ -179,7 +204,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     s_map_t = TmaTile((N // 16, K // G, 16), dtype, (NB, 1, 16))               # the chunk's group scales
     c_map_t = TmaTile((M, N), dtype, (BT, 64))                                  # one box per consumer
     X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
-    smem = ST * (X_BYTES + W_BYTES + S_BYTES) + NC * c_map_t.box_bytes + 16 * ST + 2048
+    NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
+    RED_BYTES = 128 * NACC * 4 if KS else 0
+    smem = ST * (X_BYTES + W_BYTES + S_BYTES) + RG * c_map_t.box_bytes + RED_BYTES + 16 * ST + 2048
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}) or "
                                      f"block_m ({BT})")
@@ -192,12 +219,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         sched = PersistentTileScheduler(GM, GN, max(1, min(sms, GM * GN)), cfg.panel, 1)
     NW = sched.workers
     # every consumer thread arrives: each reads its words of the stage with ld.shared (not only the async proxy)
-    ring = MbarrierRing(ST, 128 * NC, 1)
+    # (k_split: one consumer per stage)
+    ring = MbarrierRing(ST, 128 * RG, 1)
     program = kernel_decode_program(weight_format, dtype, "scale", arch.name)
     R = program.registers                 # 4 B registers per word
     A_ORDER = wgmma_a_order(dtype)
     PLAN = quad_word_plan(bits)
-    NACC = em.local_size_c
+    if NACC != em.local_size_c:
+        raise AssertionError(f"{em.local_size_c} accumulators per thread, expected {NACC}")
 
     def moved(word, shift, mask):
         w = word << T.uint32(shift) if shift > 0 else (word >> T.uint32(-shift) if shift < 0 else word)
@@ -226,13 +255,15 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             program.emit(y[s], regs, scale_pair=[sp[r // 2] for r in range(R)])
 
     @T.inline
-    def chunk(Ss, Ws, acc, af, wb, y, rr, sv, sp, desc, t, kt, c, warp, lane, g, q, final=False):
+    def chunk(Ss, Ws, acc, af, wb, y, rr, sv, sp, desc, t, kt, first, c, warp, lane, g, q, final=False):
+        # chunk kt of tile t; first: this consumer's first chunk (0, or c with k_split); its previous one is kt - STEP
         it = T.meta_var(t * KT + kt)
         s = T.meta_var(ring.stage(it))
+        blk = T.meta_var((0 if KS else c) * 4 + warp)     # the warp's n16 block in the stage
         ring.consumer_wait(it)
-        T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, c * 4 + warp, g // 2 * 4]))
+        T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, blk, g // 2 * 4]))
         for u in T.unroll(WPC):
-            wb[u] = T.reinterpret("uint32", Ws[s, c * 4 + warp, lane, u])
+            wb[u] = T.reinterpret("uint32", Ws[s, blk, lane, u])
         repair(wb, y, rr, q)
         sp[0] = pair_of_column(sv[0], sv[1], g, 0)
         sp[1] = pair_of_column(sv[0], sv[1], g, 1)
@@ -240,7 +271,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         em.fence()
         for ks in T.unroll(WPC):
             em.mma([acc[i] for i in range(NACC)], [af[4 * ks + j] for j in range(4)], desc, ks,
-                   stage=(s,), scale_d=kt > 0 if ks == 0 else True)
+                   stage=(s,), scale_d=kt > first if ks == 0 else True)
         em.commit_group()
         # retire wgmmas in the chunk that issued them or the next one (a wait deferred past a loop iteration made
         # ptxas serialize every wgmma, C7514, through the epilogue's accumulator reads)
@@ -251,11 +282,24 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             # the tile's last chunk retires everything in the same chunk: with the last wait after the K loop
             # instead, ptxas scheduled the epilogue's accumulator reads above it (wrong results on the H100)
             em.wait_group(0)
-            ring.consumer_release(it + ST - 1, pred=kt > 0)
+            ring.consumer_release(it + ST - STEP, pred=kt > first)
             ring.consumer_release(it)
         else:
-            em.wait_group(1)               # chunk kt - 1 retired: its stage is free, its A buffer reusable
-            ring.consumer_release(it + ST - 1, pred=kt > 0)
+            em.wait_group(1)               # chunk kt - STEP retired: its stage is free, its A buffer reusable
+            ring.consumer_release(it + ST - STEP, pred=kt > first)
+
+    @T.inline
+    def epilogue(Cs, c_map, acc, tm, tn, r, tid):
+        # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m]; r: the 64-row group
+        bulk_wait(0, read=True)                       # the previous tile's store has read Cs[r]
+        T.ptx.bar.sync(T.uint32(1 + r), T.uint32(128))
+        for i in T.unroll(NACC):
+            mn = T.meta_var(em.accumulator_coords(tid, i))
+            Cs[r, mn[1], mn[0]] = T.Cast(dtype, acc[i])
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.ptx.bar.sync(T.uint32(1 + r), T.uint32(128))
+        c_map_t.store(c_map, (tm * BT, tn * BW + r * 64), Cs.ptr_to([r, 0, 0]), pred=tid == 0)
+        bulk_commit()
 
     @T.inline
     def body(A, W, S, C, x_map, w_map, s_map, c_map):
@@ -267,14 +311,16 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         Xs = pool.alloc(em.b_shared_shape, dtype, align=em.b_layout.alignment)      # (ST, BT, 64)
         Ws = pool.alloc((ST, NB, 32, WPC), "int32", align=w_map_t.smem_alignment)
         Ss = pool.alloc((ST, NB, 16), dtype, align=s_map_t.smem_alignment)
-        Cs = pool.alloc((NC, BT, 64), dtype, align=c_map_t.smem_alignment)
+        Cs = pool.alloc((RG, BT, 64), dtype, align=c_map_t.smem_alignment)
+        Red = pool.alloc((NACC if KS else 1, 128), "float32", align=128)      # consumer 1's sums (k_split)
         bars = ring.alloc(pool)  # noqa: F841
         pool.commit()
         ring.init(T.And(wg == 0, tid == 0))
         T.cuda.cta_sync()
         if wg == 0:
             roles.producer_setup()
-            if tid == 0:
+            if T.And(tid % 32 == 0, tid < 32 * NP):
+                p = T.meta_var(tid // 32)         # this producer fills the stages s = p (mod NP), in ring order
                 tile = T.alloc_local((2,), "int32")
                 for t in T.serial(sched.count(worker)):
                     # the tile once per tile into registers: with a symbolic M its panel order costs ~20 integer
@@ -286,12 +332,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     for kt in T.serial(KT):
                         it = T.meta_var(t * KT + kt)
                         s = T.meta_var(ring.stage(it))
-                        ring.producer_acquire(it)
-                        ring.producer_expect(it, X_BYTES + W_BYTES + S_BYTES)
-                        x_map_t.load(Xs.ptr_to([s, 0, 0]), x_map, (tm * BT, kt * CHUNK), ring.full_ptr(it))
-                        w_map_t.load(Ws.ptr_to([s, 0, 0, 0]), w_map, (tn * NB, kt, 0, 0), ring.full_ptr(it))
-                        s_map_t.load(Ss.ptr_to([s, 0, 0]), s_map, (tn * NB, kt * CHUNK // G, 0),
-                                     ring.full_ptr(it))
+                        if it % NP == p:
+                            ring.producer_acquire(it)
+                            ring.producer_expect(it, X_BYTES + W_BYTES + S_BYTES)
+                            x_map_t.load(Xs.ptr_to([s, 0, 0]), x_map, (tm * BT, kt * CHUNK), ring.full_ptr(it))
+                            w_map_t.load(Ws.ptr_to([s, 0, 0, 0]), w_map, (tn * NB, kt, 0, 0), ring.full_ptr(it))
+                            s_map_t.load(Ss.ptr_to([s, 0, 0]), s_map, (tn * NB, kt * CHUNK // G, 0),
+                                         ring.full_ptr(it))
         else:
             roles.consumer_setup()
             c = T.meta_var(roles.consumer_index(wg))
@@ -315,30 +362,41 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 tile[1] = sched.tile(worker, t)[1]
                 tm = T.meta_var(tile[0])
                 tn = T.meta_var(tile[1])
+                first = T.meta_var(c if KS else 0)
                 if INF == 0:
-                    for kt in T.serial(KT):
-                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, kt, c, warp, lane, g, q)
+                    for j in T.serial(KC):
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, first + STEP * j, first, c, warp, lane,
+                              g, q)
                 else:
                     # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
-                    for k2 in T.serial(PAIRS):
-                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, 2 * k2, c, warp, lane, g, q)
-                        chunk(Ss, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, 2 * k2 + 1, c, warp, lane, g, q)
-                    if KT - 2 * PAIRS == 2:
-                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, KT - 2, c, warp, lane, g, q)
-                        chunk(Ss, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, KT - 1, c, warp, lane, g, q, True)
+                    for j2 in T.serial(PAIRS):
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, first + STEP * (2 * j2), first, c, warp,
+                              lane, g, q)
+                        chunk(Ss, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, first + STEP * (2 * j2 + 1), first, c,
+                              warp, lane, g, q)
+                    if KC - 2 * PAIRS == 2:
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, first + STEP * (KC - 2), first, c, warp,
+                              lane, g, q)
+                        chunk(Ss, Ws, acc, af1, wb, y, rr, sv, sp, desc, t, first + STEP * (KC - 1), first, c, warp,
+                              lane, g, q, True)
                     else:
-                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, KT - 1, c, warp, lane, g, q, True)
+                        chunk(Ss, Ws, acc, af0, wb, y, rr, sv, sp, desc, t, first + STEP * (KC - 1), first, c, warp,
+                              lane, g, q, True)
                 em.pin_accumulators(acc)
-                # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m]
-                bulk_wait(0, read=True)                       # the previous tile's store has read Cs[c]
-                T.ptx.bar.sync(T.uint32(1 + c), T.uint32(128))
-                for i in T.unroll(NACC):
-                    mn = T.meta_var(em.accumulator_coords(tid, i))
-                    Cs[c, mn[1], mn[0]] = T.Cast(dtype, acc[i])
-                T.ptx.fence.proxy.async_.shared__cta()
-                T.ptx.bar.sync(T.uint32(1 + c), T.uint32(128))
-                c_map_t.store(c_map, (tm * BT, tn * BW + c * 64), Cs.ptr_to([c, 0, 0]), pred=tid == 0)
-                bulk_commit()
+                if KS:
+                    # consumer 1 hands its sums to consumer 0 (thread for thread: the same accumulator layout); the
+                    # first barrier also keeps consumer 1 from overwriting Red before consumer 0 read the last tile's
+                    T.ptx.bar.sync(T.uint32(3), T.uint32(256))
+                    if c == 1:
+                        for i in T.unroll(NACC):
+                            Red[i, tid] = acc[i]
+                    T.ptx.bar.sync(T.uint32(4), T.uint32(256))
+                    if c == 0:
+                        for i in T.unroll(NACC):
+                            acc[i] = acc[i] + Red[i, tid]
+                        epilogue(Cs, c_map, acc, tm, tn, 0, tid)
+                else:
+                    epilogue(Cs, c_map, acc, tm, tn, c, tid)
             bulk_wait(0, read=False)
 
     @T.prim_func
