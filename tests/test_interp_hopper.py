@@ -15,7 +15,7 @@ import pytest
 
 import interp_hopper_kernels as K
 import mmaemit
-from mmaemit.errors import ArgumentError, LayoutError, UnsupportedConfigError
+from mmaemit.errors import ArgumentError, LayoutError, TileShapeError, UnsupportedConfigError
 from mmaemit.interpret import (DeadlockError, RegisterBudgetError, TmaBeforeWaitError, TmaError,
                                TmaLayoutError, interpret)
 from mmaemit.ptx import control, mbarrier, tma
@@ -324,6 +324,85 @@ def test_tensor_map_past_its_buffer_is_an_argument_error():
     bad = K.tma_roundtrip((64, 48), (128,), (64, 32), (1, 1), (0, 8), (0, 16), swizzle=3, nelem=64 * 40)
     with pytest.raises(ArgumentError, match="spans 6144 bytes from the start of G, which has 5120"):
         interpret(bad, np.zeros(64 * 40, np.float16), np.zeros(4096, np.uint8), np.zeros(64 * 40, np.float16))
+
+
+# The H100's measured faults as a rule on (dims, box, coordinates), innermost first: every row of the 2026-11-26
+# measurement (names as in the H100 log), plus the edges of the rank-1 rule and unknown (run-time) entries.
+@pytest.mark.parametrize("dims, box, coords, store, words", [
+    ((64, 48), (64, 32), (0, 8), False, None),                   # 2d_128B load
+    ((64, 48), (64, 32), (0, 16), True, None),                   # 2d_128B store
+    ((20, 9), (8, 8), (16, -2), False, None),                    # 2d_32B_f32: negative, partly outside load
+    ((20, 9), (8, 8), (16, 5), True, None),
+    ((40, 23), (32, 16), (24, 15), False, None),                 # 2d_64B_ragged load, partly outside
+    ((40, 23), (32, 16), (0, 0), True, None),                    # 2d64_store00
+    ((40, 23), (32, 16), (16, 16), True, None),                  # 2d64_store_pos_oob
+    ((40, 23), (32, 16), (-8, -4), True, "negative coordinate (-8 in position 0)"),   # 2d_64B_ragged, 2d64_noswz
+    ((64, 48), (64, 32), (0, -4), True, "negative coordinate (-4 in position 1)"),
+    ((100,), (64,), (60,), False, "rank-1 TMA load"),            # 1d, 1d_store_inb
+    ((100,), (64,), (80,), True, "rank-1 TMA store"),
+    ((104,), (64,), (60,), False, "start in 0..40"),             # 1d_dim104
+    ((100,), (64,), (0,), False, None),                          # 1d_load_inb
+    ((100,), (64,), (36,), True, None),                          # the last legal start
+    ((100,), (64,), (-1,), False, "rank-1 TMA load"),
+    ((100,), (64,), (-1,), True, "negative coordinate"),
+    ((48,), (64,), (0,), False, "no start is legal"),
+    ((100,), (64,), (None,), True, None),                        # a run-time coordinate: not checked
+    ((None,), (64,), (60,), False, None),                        # a symbolic dimension: not checked
+    ((40, 23), (32, 16), (None, -4), True, "negative coordinate (-4 in position 1)"),
+])
+def test_hardware_fault_is_the_measured_rule(dims, box, coords, store, words):
+    msg = tma.hardware_fault(dims, box, coords, store=store)
+    if words is None:
+        assert msg is None, msg
+    else:
+        assert words in msg and "H100" in msg and f"box {list(box)} at coordinates {list(coords)}" in msg, msg
+
+
+def _tile_store_kernel(coords, shape, box):
+    """128 threads write X into a shared tile (generic stores, then fence.proxy.async), thread 0 stores it with
+    ``TmaTile.store`` at the constant ``coords`` (outermost first) into C."""
+    from tvm.script import tirx as T
+
+    from mmaemit.pipeline import TmaTile, bulk_commit, bulk_wait
+
+    tile = TmaTile(shape, "float16", box, 0)
+    n = int(np.prod(box))
+
+    @T.prim_func
+    def tile_store(X: T.Buffer((n,), "float16"), C: T.Buffer(shape, "float16")):
+        c_map = tile.encode(C)
+        T.device_entry()
+        _bx = T.cta_id([1])
+        tx = T.thread_id([128])
+        pool = T.SMEMPool()
+        s = pool.alloc((n,), "float16", align=1024)
+        pool.commit()
+        for i in T.serial(n // 128):
+            s[i * 128 + tx] = X[i * 128 + tx]
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.cuda.cta_sync()
+        tile.store(c_map, coords, s.ptr_to([0]), pred=tx == 0)
+        bulk_commit()
+        bulk_wait(0, read=True)
+    return tile_store
+
+
+def test_tma_tile_refuses_constant_coordinates_the_h100_rejects():
+    """``TmaTile.store`` / ``load`` check compile-time-constant coordinates against ``hardware_fault`` while the kernel
+    is built; a legal store past the positive end builds and clips on the interpreter."""
+    from mmaemit.pipeline import TmaTile
+
+    X = np.random.default_rng(1).standard_normal(32 * 64).astype(np.float16)
+    C = np.full((48, 64), 9.0, np.float16)
+    assert interpret(_tile_store_kernel((32, 0), (48, 64), (32, 64)), X, C).ok
+    assert np.array_equal(C[32:], X.reshape(32, 64)[:16]) and (C[:32] == 9).all()
+    with pytest.raises(Exception, match=r"TmaTile.store: a TMA store whose box starts at a negative coordinate "
+                                        r"\(-8 in position 0\).*coordinates \[-8, 0\] \(outermost first\)"):
+        _tile_store_kernel((-8, 0), (48, 64), (32, 64))        # TVMScript wraps it in a DiagnosticError
+    with pytest.raises(Exception, match=r"TmaTile.store: a rank-1 TMA store .*\(start in 0..64\)"):
+        _tile_store_kernel((96,), (128,), (64,))
+    with pytest.raises(TileShapeError, match=r"TmaTile.load: a rank-1 TMA load .*coordinates \[60\]"):
+        TmaTile((100,), "float16", (64,)).load(None, None, (60,), None)     # refused before any code
 
 
 # ----------------------------------------------------------------------------------------------------------------------
