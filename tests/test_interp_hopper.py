@@ -15,9 +15,9 @@ import pytest
 
 import interp_hopper_kernels as K
 import mmaemit
-from mmaemit.errors import ArgumentError, LayoutError, UnsupportedConfigError
-from mmaemit.interpret import (DeadlockError, RegisterBudgetError, TmaBeforeWaitError, TmaLayoutError,
-                               interpret)
+from mmaemit.errors import ArgumentError, LayoutError, TileShapeError, UnsupportedConfigError
+from mmaemit.interpret import (DeadlockError, RegisterBudgetError, TmaBeforeWaitError, TmaError,
+                               TmaLayoutError, interpret)
 from mmaemit.ptx import control, mbarrier, tma
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -181,25 +181,45 @@ ELEM = {"float16": 2, "float32": 4}
 ROUNDTRIPS = {
     "2d_128B": dict(dims=(64, 48), strides=(128,), box=(64, 32), es=(1, 1), coords=(0, 8), store=(0, 16),
                     swizzle=3),
-    "2d_64B_ragged": dict(dims=(40, 23), strides=(96,), box=(32, 16), es=(1, 1), coords=(24, 15), store=(-8, -4),
+    "2d_64B_ragged": dict(dims=(40, 23), strides=(96,), box=(32, 16), es=(1, 1), coords=(24, 15), store=(16, 16),
                           swizzle=2),
     "2d_32B_f32": dict(dims=(20, 9), strides=(96,), box=(8, 8), es=(1, 1), coords=(16, -2), store=(16, 5),
                        swizzle=1, dtype="float32"),
     "3d_strided": dict(dims=(16, 12, 3), strides=(48, 48 * 12), box=(16, 8, 3), es=(1, 2, 1), coords=(0, 3, 1),
                        store=(0, 0, 0), swizzle=0),
-    "1d": dict(dims=(100,), strides=(), box=(64,), es=(1,), coords=(60,), store=(80,), swizzle=0),
+    "1d": dict(dims=(100,), strides=(), box=(64,), es=(1,), coords=(0,), store=(0,), swizzle=0),
     "5d": dict(dims=(8, 3, 2, 2, 3), strides=(16, 48, 96, 192), box=(8, 2, 2, 1, 2), es=(1, 1, 1, 1, 2),
                coords=(0, 2, 0, 1, 0), store=(0, 0, 1, 0, 2), swizzle=0),
     "nan_fill": dict(dims=(12, 6), strides=(48,), box=(8, 4), es=(1, 1), coords=(8, 4), store=(0, 0), swizzle=0,
                      dtype="float32", oob_fill=1),
 }
+# Coordinates are innermost first (as the PTX instruction takes them). ROUNDTRIPS are legal on the H100 and also run
+# there (test_tma_roundtrip_on_gpu_matches_the_interpreter); the variants below were measured on the H100 too
+# (2026-11-26, each in its own process) and run on the interpreter only: more legal copies, and copies that stop the
+# kernel with an illegal instruction, which the interpreter must report (``mmaemit.ptx.tma.hardware_fault``).
+LEGAL_VARIANTS = {
+    "2d64_store00": dict(ROUNDTRIPS["2d_64B_ragged"], store=(0, 0)),
+    "1d_dim104_inb": dict(ROUNDTRIPS["1d"], dims=(104,)),
+}
+#: name (as in the H100 log; "2d64_negstore" and "1d_oob" were ROUNDTRIPS' "2d_64B_ragged" and "1d" there) ->
+#: (case, [(copy, words of the rule)] of the faults the interpreter reports, in program order)
+H100_FAULTS = {
+    "2d64_negstore": (dict(ROUNDTRIPS["2d_64B_ragged"], store=(-8, -4)), [("store", "negative coordinate")]),
+    "2d64_noswz": (dict(ROUNDTRIPS["2d_64B_ragged"], store=(-8, -4), swizzle=0), [("store", "negative coordinate")]),
+    "2d128_negstore": (dict(ROUNDTRIPS["2d_128B"], store=(-8, -4)), [("store", "negative coordinate")]),
+    "1d_oob": (dict(ROUNDTRIPS["1d"], coords=(60,), store=(80,)), [("load", "rank-1"), ("store", "rank-1")]),
+    "1d_store_inb": (dict(ROUNDTRIPS["1d"], coords=(60,), store=(0,)), [("load", "rank-1")]),
+    "1d_dim104": (dict(ROUNDTRIPS["1d"], dims=(104,), coords=(60,), store=(80,)),
+                  [("load", "rank-1"), ("store", "rank-1")]),
+}
+_CASES = {**ROUNDTRIPS, **LEGAL_VARIANTS, **{k: v[0] for k, v in H100_FAULTS.items()}}
 _KERNELS = {}
 
 
 def _roundtrip_kernel(name, **faults):
     key = (name, tuple(sorted(faults.items())))
     if key not in _KERNELS:
-        c = ROUNDTRIPS[name]
+        c = _CASES[name]
         _KERNELS[key] = K.tma_roundtrip(c["dims"], c["strides"], c["box"], c["es"], c["coords"], c["store"],
                                         dtype=c.get("dtype", "float16"), swizzle=c["swizzle"],
                                         oob_fill=c.get("oob_fill", 0), **faults)
@@ -212,21 +232,29 @@ def _tensor_elems(c):
     return (sum((d - 1) * s for d, s in zip(c["dims"], bs)) + e) // e
 
 
-@pytest.mark.parametrize("name", list(ROUNDTRIPS))
-def test_tma_load_and_store_match_the_loop_reference(name):
-    c = ROUNDTRIPS[name]
+def _roundtrip_args(name):
+    """(G random, O poisoned, C filled with 9) for case ``name``."""
+    c = _CASES[name]
+    dt = c.get("dtype", "float16")
+    n = _tensor_elems(c)
+    G = np.random.default_rng(len(name)).standard_normal(n).astype(dt)
+    nbox = int(np.prod([-(-b // s) for b, s in zip(c["box"], c["es"])]))
+    return G, np.full(nbox * ELEM[dt], 0xAB, np.uint8), np.full(n, 9.0, dt)
+
+
+def _check_roundtrip(name, on_error="raise"):
+    """Interpret case ``name`` and check O and C bit-exactly against the loop reference (loads fill, stores clip);
+    returns the report."""
+    c = _CASES[name]
     dt = c.get("dtype", "float16")
     e = ELEM[dt]
     n = _tensor_elems(c)
-    rng = np.random.default_rng(len(name))
-    G = rng.standard_normal(n).astype(dt)
     span = K.SWIZZLE_SPAN[c["swizzle"]]
     ext = [-(-b // s) for b, s in zip(c["box"], c["es"])]
     nbox = int(np.prod(ext))
-    O = np.full(nbox * e, 0xAB, np.uint8)
-    C = np.full(n, 9.0, dt)
-    report = interpret(_roundtrip_kernel(name), G, O, C)
-    assert report.ok and report.stats["tma.load"] == 1 and report.stats["tma.store"] == 1
+    G, O, C = _roundtrip_args(name)
+    report = interpret(_roundtrip_kernel(name), G, O, C, on_error=on_error)
+    assert report.stats["tma.load"] == 1 and report.stats["tma.store"] == 1
     want = K.reference_box(G.view(np.uint8), c["dims"], c["strides"], c["box"], c["es"], c["coords"], e, span,
                            fill_nan=c.get("oob_fill", 0) == 1)
     assert np.array_equal(O, want)
@@ -243,6 +271,32 @@ def test_tma_load_and_store_match_the_loop_reference(name):
         if all(0 <= g[d] < c["dims"][d] for d in range(len(ext))):
             expect[sum(g[d] * byte_strides[d] for d in range(len(ext))) // e] = dense[flat]
     assert np.array_equal(C.view(np.uint8), expect.view(np.uint8))
+    return report
+
+
+@pytest.mark.parametrize("name", list(ROUNDTRIPS) + list(LEGAL_VARIANTS))
+def test_tma_load_and_store_match_the_loop_reference(name):
+    report = _check_roundtrip(name)
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize("name", list(H100_FAULTS))
+def test_tma_copies_the_h100_rejects_are_reported(name):
+    """Each copy measured to fault on the H100 is a "tma" error naming the rule, its coordinates and the box (the run
+    then goes on with the copy filled / clipped as modelled, so the outputs still match the loop reference), and the
+    default on_error raises ``TmaError`` at the first one."""
+    c, faults = H100_FAULTS[name]
+    report = _check_roundtrip(name, on_error="report")
+    assert not report.ok
+    assert [d.kind for d in report.errors] == ["tma"] * len(faults), report.summary()
+    for d, (copy, rule) in zip(report.errors, faults):
+        at = c["coords"] if copy == "load" else c["store"]
+        assert d.message.startswith("cp.async.bulk.tensor") and f"TMA {copy}" in d.message, d.message
+        assert rule in d.message and "H100" in d.message, d.message
+        assert f"box {list(c['box'])} at coordinates {list(at)}" in d.message, d.message
+        assert ("global.shared::cta" in d.message) == (copy == "store")
+    with pytest.raises(TmaError, match=faults[0][1]):
+        interpret(_roundtrip_kernel(name), *_roundtrip_args(name))
 
 
 def test_tma_kernels_compile_to_utmaldg_and_utmastg():
@@ -270,6 +324,85 @@ def test_tensor_map_past_its_buffer_is_an_argument_error():
     bad = K.tma_roundtrip((64, 48), (128,), (64, 32), (1, 1), (0, 8), (0, 16), swizzle=3, nelem=64 * 40)
     with pytest.raises(ArgumentError, match="spans 6144 bytes from the start of G, which has 5120"):
         interpret(bad, np.zeros(64 * 40, np.float16), np.zeros(4096, np.uint8), np.zeros(64 * 40, np.float16))
+
+
+# The H100's measured faults as a rule on (dims, box, coordinates), innermost first: every row of the 2026-11-26
+# measurement (names as in the H100 log), plus the edges of the rank-1 rule and unknown (run-time) entries.
+@pytest.mark.parametrize("dims, box, coords, store, words", [
+    ((64, 48), (64, 32), (0, 8), False, None),                   # 2d_128B load
+    ((64, 48), (64, 32), (0, 16), True, None),                   # 2d_128B store
+    ((20, 9), (8, 8), (16, -2), False, None),                    # 2d_32B_f32: negative, partly outside load
+    ((20, 9), (8, 8), (16, 5), True, None),
+    ((40, 23), (32, 16), (24, 15), False, None),                 # 2d_64B_ragged load, partly outside
+    ((40, 23), (32, 16), (0, 0), True, None),                    # 2d64_store00
+    ((40, 23), (32, 16), (16, 16), True, None),                  # 2d64_store_pos_oob
+    ((40, 23), (32, 16), (-8, -4), True, "negative coordinate (-8 in position 0)"),   # 2d_64B_ragged, 2d64_noswz
+    ((64, 48), (64, 32), (0, -4), True, "negative coordinate (-4 in position 1)"),
+    ((100,), (64,), (60,), False, "rank-1 TMA load"),            # 1d, 1d_store_inb
+    ((100,), (64,), (80,), True, "rank-1 TMA store"),
+    ((104,), (64,), (60,), False, "start in 0..40"),             # 1d_dim104
+    ((100,), (64,), (0,), False, None),                          # 1d_load_inb
+    ((100,), (64,), (36,), True, None),                          # the last legal start
+    ((100,), (64,), (-1,), False, "rank-1 TMA load"),
+    ((100,), (64,), (-1,), True, "negative coordinate"),
+    ((48,), (64,), (0,), False, "no start is legal"),
+    ((100,), (64,), (None,), True, None),                        # a run-time coordinate: not checked
+    ((None,), (64,), (60,), False, None),                        # a symbolic dimension: not checked
+    ((40, 23), (32, 16), (None, -4), True, "negative coordinate (-4 in position 1)"),
+])
+def test_hardware_fault_is_the_measured_rule(dims, box, coords, store, words):
+    msg = tma.hardware_fault(dims, box, coords, store=store)
+    if words is None:
+        assert msg is None, msg
+    else:
+        assert words in msg and "H100" in msg and f"box {list(box)} at coordinates {list(coords)}" in msg, msg
+
+
+def _tile_store_kernel(coords, shape, box):
+    """128 threads write X into a shared tile (generic stores, then fence.proxy.async), thread 0 stores it with
+    ``TmaTile.store`` at the constant ``coords`` (outermost first) into C."""
+    from tvm.script import tirx as T
+
+    from mmaemit.pipeline import TmaTile, bulk_commit, bulk_wait
+
+    tile = TmaTile(shape, "float16", box, 0)
+    n = int(np.prod(box))
+
+    @T.prim_func
+    def tile_store(X: T.Buffer((n,), "float16"), C: T.Buffer(shape, "float16")):
+        c_map = tile.encode(C)
+        T.device_entry()
+        _bx = T.cta_id([1])
+        tx = T.thread_id([128])
+        pool = T.SMEMPool()
+        s = pool.alloc((n,), "float16", align=1024)
+        pool.commit()
+        for i in T.serial(n // 128):
+            s[i * 128 + tx] = X[i * 128 + tx]
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.cuda.cta_sync()
+        tile.store(c_map, coords, s.ptr_to([0]), pred=tx == 0)
+        bulk_commit()
+        bulk_wait(0, read=True)
+    return tile_store
+
+
+def test_tma_tile_refuses_constant_coordinates_the_h100_rejects():
+    """``TmaTile.store`` / ``load`` check compile-time-constant coordinates against ``hardware_fault`` while the kernel
+    is built; a legal store past the positive end builds and clips on the interpreter."""
+    from mmaemit.pipeline import TmaTile
+
+    X = np.random.default_rng(1).standard_normal(32 * 64).astype(np.float16)
+    C = np.full((48, 64), 9.0, np.float16)
+    assert interpret(_tile_store_kernel((32, 0), (48, 64), (32, 64)), X, C).ok
+    assert np.array_equal(C[32:], X.reshape(32, 64)[:16]) and (C[:32] == 9).all()
+    with pytest.raises(Exception, match=r"TmaTile.store: a TMA store whose box starts at a negative coordinate "
+                                        r"\(-8 in position 0\).*coordinates \[-8, 0\] \(outermost first\)"):
+        _tile_store_kernel((-8, 0), (48, 64), (32, 64))        # TVMScript wraps it in a DiagnosticError
+    with pytest.raises(Exception, match=r"TmaTile.store: a rank-1 TMA store .*\(start in 0..64\)"):
+        _tile_store_kernel((96,), (128,), (64,))
+    with pytest.raises(TileShapeError, match=r"TmaTile.load: a rank-1 TMA load .*coordinates \[60\]"):
+        TmaTile((100,), "float16", (64,)).load(None, None, (60,), None)     # refused before any code
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -413,11 +546,8 @@ def test_pipeline_instructions_are_gated_by_arch():
 # the same kernels on the GPU: the interpreter's model of TMA, mbarriers and the pipeline checked against hardware
 # ----------------------------------------------------------------------------------------------------------------------
 
-# Cases that raised "an illegal instruction was encountered" on the H100 (2026-11-26, every other case bit-exact): the
-# interpreter accepts their tensor maps and the hardware does not, for a reason not yet isolated (candidates: a rank-1
-# map whose global extent, 200 bytes, is not a multiple of 16; a TMA store whose box starts at negative coordinates).
-# They stay in the suite as expected failures so that a fix of the model (a validation rule that refuses them) shows.
-_TMA_GPU_FAULTS = {"1d", "2d_64B_ragged"}
+# Only ROUNDTRIPS run here (all legal on the H100); the copies the H100 rejects with an illegal instruction
+# (H100_FAULTS, measured 2026-11-26) are interpreter-only tests that check the interpreter reports them.
 
 _ROUNDTRIP_CHILD = """
 import sys, numpy as np, torch
@@ -450,9 +580,7 @@ print("BIT-EXACT")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    reason="illegal instruction on the H100 (see _TMA_GPU_FAULTS)", strict=False)) if n in _TMA_GPU_FAULTS else n
-    for n in ROUNDTRIPS])
+@pytest.mark.parametrize("name", list(ROUNDTRIPS))
 def test_tma_roundtrip_on_gpu_matches_the_interpreter(name):
     """Each case in its own process: a TMA fault poisons the CUDA context, and must not fail the tests that share
     this pytest worker with it."""

@@ -233,8 +233,9 @@ class MbarrierError(KernelFault):
 
 
 class TmaError(KernelFault):
-    """A tensor copy whose tensor-map operand is not an encoded map, or whose dimensionality differs from the map's
-    rank."""
+    """A tensor copy whose tensor-map operand is not an encoded map, whose dimensionality differs from the map's
+    rank, or that the H100 was measured to reject (``mmaemit.ptx.tma.hardware_fault``: a store whose box starts at a
+    negative coordinate, a rank-1 copy whose box is not entirely inside the tensor)."""
 
     kind = "tma"
 

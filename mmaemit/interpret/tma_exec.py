@@ -14,6 +14,10 @@ that ends with such reads outstanding. Clusters are of one CTA: ``.multicast::cl
 Shared destinations and sources must be 128-byte aligned. Each 16-byte chunk a load writes records the global offset
 of its first element, which lets ``wgmma_exec`` check that a matrix descriptor reads the tile the way the tensor
 map's box and swizzle laid it out (``tma_layout_mismatch``).
+
+Copies the H100 was measured to reject with an illegal instruction (``mmaemit.ptx.tma.hardware_fault``: a store whose
+box starts at a negative coordinate; a rank-1 copy whose box is not entirely inside the tensor) are "tma" errors,
+instead of being filled / clipped silently.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import numpy as np
 
 from .. import isa
 from ..ptx.mbarrier import MbarrierStateError
-from ..ptx.tma import TensorMap, box_chunk_origins, box_smem_addresses, gather_box, scatter_box
+from ..ptx.tma import TensorMap, box_chunk_origins, box_smem_addresses, gather_box, hardware_fault, scatter_box
 from .access import active_threads, as_thread_vector, shared_addresses, shared_check, shared_fault
 from .memory import OFFSET_MASK, REGION_SHIFT, SHARED_RID
 from .ptxcall import family_registry
@@ -112,9 +116,18 @@ def _check_rank(st, site, tm, coords, thread, what):
     return True
 
 
+def _check_hardware(st, site, tm, coords, thread, what, store):
+    """Report a copy the H100 rejects (``mmaemit.ptx.tma.hardware_fault``); the copy then runs as modelled (filled /
+    clipped), so that ``on_error="report"`` goes on to the rest of the kernel."""
+    msg = hardware_fault(tm.global_dims, tm.box_dims, coords, store=store)
+    if msg is not None:
+        st.rec.fault(st, "tma", site, f"{what}: {msg} ({tm.describe()})", thread=int(thread))
+
+
 def _load(st, site, t, tm, coords, dst, bar, what):
     if not _check_rank(st, site, tm, coords, t, what):
         return
+    _check_hardware(st, site, tm, coords, t, what, store=False)
     region, base = _global_region(st, site, tm, t, what)
     if region is None:
         return
@@ -166,6 +179,7 @@ def _load(st, site, t, tm, coords, dst, bar, what):
 def _store(st, site, t, tm, coords, src, what):
     if not _check_rank(st, site, tm, coords, t, what):
         return
+    _check_hardware(st, site, tm, coords, t, what, store=True)
     region, base = _global_region(st, site, tm, t, what)
     if region is None:
         return

@@ -18,7 +18,14 @@ before any code is generated:
   swizzle; the destination must be 128-byte aligned without swizzle).
 * out-of-bounds elements of a load are filled with zeros (or NaN, ``oob_fill="nan"``, floats only) and still count
   towards the mbarrier's transaction bytes; out-of-bounds elements of a store are not written. So ragged M / N / K
-  need no padding by the caller.
+  need no padding by the caller, within the two limits below.
+* measured on the H100 (2026-11-26, ``cudaErrorIllegalInstruction``; not documented PTX rules, see
+  ``mmaemit.ptx.tma.hardware_fault``, which the interpreter applies): a **store** whose box starts at a negative
+  coordinate in any dimension faults (loads may start at negative coordinates; stores may run past the positive
+  end); on a **rank-1** map a load whose box is not entirely inside the tensor faults (stores are held to the same
+  rule). So rank-1 boxes must tile the tensor exactly (or the last box start at ``length - box``), and partial tiles
+  at the low end need a rank >= 2 map. :meth:`TmaTile.load` / :meth:`TmaTile.store` refuse such compile-time-constant
+  coordinates with a ``TileShapeError``; run-time coordinates are checked by the interpreter.
 
 Code forms (what :meth:`TmaTile.load` / :meth:`TmaTile.store` emit; verified on the H100, see the notes):
 ``cp.async.bulk.tensor.{r}d.shared::cluster.global.mbarrier::complete_tx::bytes[.multicast::cluster]`` and
@@ -32,6 +39,7 @@ from dataclasses import dataclass
 
 from .. import dtypes as _dt
 from ..errors import LayoutError, TileShapeError, UnsupportedConfigError, choices
+from ..ptx.tma import hardware_fault
 from .stmt import emit
 
 __all__ = ["TmaTile", "bulk_commit", "bulk_wait", "SWIZZLE_MODES", "OOB_FILLS", "L2_PROMOTIONS"]
@@ -49,6 +57,15 @@ _TMA_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "in
 
 def _symbolic(d) -> bool:
     return type(d).__module__.startswith("tvm") and type(d).__name__ != "IntImm"
+
+
+def _constant(c):
+    """The value of a compile-time-constant coordinate (a Python int or a TIR IntImm), else None."""
+    if isinstance(c, int):
+        return int(c)
+    if type(c).__name__ == "IntImm" and type(c).__module__.startswith("tvm"):
+        return int(c.value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -204,22 +221,28 @@ class TmaTile:
             l2_promotion=L2_PROMOTIONS[self.l2_promotion], oob_fill=OOB_FILLS[self.oob_fill])))
         return tmap
 
-    def _coords(self, coords):
+    def _coords(self, coords, *, store):
         from tvm.script import tirx as T
 
         if len(coords) != self.rank:
             raise TileShapeError(f"{len(coords)} coordinates for a rank-{self.rank} tensor map (outermost first)")
+        msg = hardware_fault([None if _symbolic(d) else d for d in self.global_shape], self.box,
+                             [_constant(c) for c in coords], store=store, order="outermost first")
+        if msg is not None:
+            raise TileShapeError(f"TmaTile.{'store' if store else 'load'}: {msg}")
         return [T.Cast("int32", c) if not isinstance(c, int) else T.int32(c) for c in reversed(list(coords))]
 
     def load(self, smem_ptr, tmap, coords, barrier_ptr, *, multicast_mask=None, pred=None) -> None:
-        """Emit one box load: global box at element ``coords`` (outermost first; may be out of bounds, the
-        outside is filled) -> shared ``smem_ptr``, completing ``box_bytes`` transaction bytes on the mbarrier at
-        ``barrier_ptr`` (of every destination CTA with ``multicast_mask``). One thread issues it (``pred``: the
-        threads where it is true, as a predicate instead of a branch)."""
+        """Emit one box load: global box at element ``coords`` (outermost first; may be out of bounds, the outside
+        is filled, except on a rank-1 map: see the module docstring) -> shared ``smem_ptr``, completing
+        ``box_bytes`` transaction bytes on the mbarrier at ``barrier_ptr`` (of every destination CTA with
+        ``multicast_mask``). One thread issues it (``pred``: the threads where it is true, as a predicate instead of
+        a branch)."""
         from tvm.script import tirx as T
 
+        at = self._coords(coords, store=False)
         name = f"cp.async.bulk.tensor.{self.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        args = [smem_ptr, T.address_of(tmap), *self._coords(coords), barrier_ptr]
+        args = [smem_ptr, T.address_of(tmap), *at, barrier_ptr]
         if multicast_mask is not None:
             if self.multicast < 2:
                 raise UnsupportedConfigError("multicast_mask given but this TmaTile was built with multicast=1")
@@ -229,13 +252,15 @@ class TmaTile:
         emit(T.ptx[name](*args, **({} if pred is None else {"pred": pred})))
 
     def store(self, tmap, coords, smem_ptr, *, pred=None) -> None:
-        """Emit one box store: shared ``smem_ptr`` -> global box at ``coords`` (outside elements are dropped) in the
-        current bulk group; follow with :func:`bulk_commit`. The writing threads must have executed
+        """Emit one box store: shared ``smem_ptr`` -> global box at ``coords`` (outermost first; never negative,
+        and inside the tensor on a rank-1 map: see the module docstring; elements past the positive end are dropped)
+        in the current bulk group; follow with :func:`bulk_commit`. The writing threads must have executed
         ``fence.proxy.async.shared::cta`` and a barrier before. ``pred``: the issuing thread(s)."""
         from tvm.script import tirx as T
 
+        at = self._coords(coords, store=True)
         emit(T.ptx[f"cp.async.bulk.tensor.{self.rank}d.global.shared::cta.tile.bulk_group"](
-            T.address_of(tmap), *self._coords(coords), smem_ptr, **({} if pred is None else {"pred": pred})))
+            T.address_of(tmap), *at, smem_ptr, **({} if pred is None else {"pred": pred})))
 
 
 def bulk_commit() -> None:

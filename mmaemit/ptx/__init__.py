@@ -20,7 +20,7 @@ Modules (everything is also re-exported here):
 * ``wgmma`` - Hopper ``wgmma.mma_async``: matrix descriptors, K-major canonical layouts, swizzle, ``wgmma_mma``
 * ``tma`` - tensor maps (``encode_tiled`` with the driver's validation rules) and ``cp.async.bulk.tensor`` box
   geometry: ``box_element_offsets``, ``box_smem_addresses`` (dense box + Swizzle<b,4,3>), ``gather_box`` /
-  ``scatter_box`` (out-of-bounds fill / clipping)
+  ``scatter_box`` (out-of-bounds fill / clipping), ``hardware_fault`` (copies measured to fault on the H100)
 * ``mbarrier`` - the ``MBarrier`` state machine (arrivals, expect-tx / complete-tx, phase parity)
 * ``control`` - ``elect_sync``, ``setmaxnreg`` rules and the CTA register budget
 """
@@ -36,7 +36,7 @@ from .control import REGISTERS_PER_CTA, SETMAXNREG_COUNTS, check_setmaxnreg, ele
 from .mbarrier import MAX_COUNT as MBARRIER_MAX_COUNT
 from .mbarrier import MBarrier, MbarrierStateError
 from .tma import (TMA_DTYPES, TMA_SWIZZLE_BYTES, TensorMap, box_chunk_origins, box_element_offsets,
-                  box_smem_addresses, encode_tiled, gather_box, scatter_box)
+                  box_smem_addresses, encode_tiled, gather_box, hardware_fault, scatter_box)
 from .wgmma import (SWIZZLE_BYTES, WGMMA_K, WGMMA_M, MatrixDescriptor, decode_matrix_descriptor,
                     encode_matrix_descriptor, kmajor_chunk_addresses, mnmajor_chunk_addresses, swizzle_address,
                     wgmma_a_coords, wgmma_d_coords, wgmma_mma)
@@ -53,7 +53,7 @@ __all__ = [
     "kmajor_chunk_addresses", "mnmajor_chunk_addresses", "wgmma_a_coords", "wgmma_d_coords", "wgmma_mma",
     "WGMMA_M", "WGMMA_K",
     "TMA_DTYPES", "TMA_SWIZZLE_BYTES", "TensorMap", "encode_tiled", "box_element_offsets", "box_smem_addresses",
-    "gather_box", "scatter_box", "box_chunk_origins",
+    "gather_box", "scatter_box", "box_chunk_origins", "hardware_fault",
     "MBarrier", "MbarrierStateError", "MBARRIER_MAX_COUNT",
     "elect_sync", "check_setmaxnreg", "launch_register_cap", "REGISTERS_PER_CTA", "SETMAXNREG_COUNTS",
 ]

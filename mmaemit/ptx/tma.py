@@ -18,6 +18,18 @@ Validation follows the CUDA driver's rules for ``cuTensorMapEncodeTiled`` (also 
 rank 1..5; global dims in (0, 2^32]; byte strides multiples of 16 and below 2^40; global address 16-byte aligned;
 box dims in [1, 256]; element strides in [1, 8] with element_strides[0] == 1; the inner box a multiple of 16 bytes and
 no larger than the swizzle span. Interleaved layouts (``interleave`` != 0) and im2col mode are not implemented.
+
+Hardware faults measured on the H100 (sm_90a, CUDA 13, 2026-11-26; each case a separate process, a TMA load of a box
+into shared memory then a TMA store of it; ``tests/test_interp_hopper.py``), which no PTX or driver documentation we
+know of states: copies the encoder accepts that stop the kernel with ``cudaErrorIllegalInstruction``.
+``hardware_fault`` applies them; the interpreter reports them (kind "tma").
+
+* A **store** (shared::cta -> global) whose box starts at a negative coordinate in any dimension faults (measured with
+  both coordinates negative on 2-D maps, swizzled or not). Loads may start at negative coordinates (the outside is
+  filled) and stores may run past the positive end of a dimension (the outside is dropped).
+* On a **rank-1** map, a load whose box is not entirely inside the tensor faults (dims 100 and 104, box 64, start 60);
+  stores are held to the same rule (conservatively: no rank-1 store past the end was measured on its own). Partly
+  out-of-bounds loads of rank >= 2 maps are fine.
 """
 from __future__ import annotations
 
@@ -29,7 +41,7 @@ from ..errors import ArgumentError, LayoutError, UnsupportedConfigError, choices
 from .wgmma import swizzle_address
 
 __all__ = ["TMA_DTYPES", "TMA_SWIZZLE_BYTES", "TensorMap", "encode_tiled", "box_element_offsets",
-           "box_smem_addresses", "gather_box", "scatter_box", "box_chunk_origins"]
+           "box_smem_addresses", "gather_box", "scatter_box", "box_chunk_origins", "hardware_fault"]
 
 #: tensor-map element types (TVM dtype names) -> bytes per element
 TMA_DTYPES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
@@ -221,3 +233,28 @@ def box_chunk_origins(tm: TensorMap, coords):
     _g, _inb, off = box_element_offsets(tm, coords)
     per = 16 // tm.elem_bytes if tm.elem_bytes <= 16 else 1
     return off[::per]
+
+
+def hardware_fault(global_dims, box_dims, coords, *, store: bool, order: str = "innermost first"):
+    """The measured H100 fault a tensor copy runs into (see the module docstring), as a message naming the rule, the
+    coordinates and the box; None when no measured rule rejects the copy. ``global_dims``, ``box_dims`` and ``coords``
+    are in the same order (``order`` names it in the message); an entry may be None where it is not known (a run-time
+    coordinate, a symbolic dimension): rules that need it are then not applied."""
+    dims, box, c = list(global_dims), list(box_dims), list(coords)
+    where = f"box {box} at coordinates {c} ({order}) of a tensor with dims {dims}"
+    measured = "faults with an illegal instruction on the H100 (measured 2026-11-26)"
+    if store:
+        neg = [d for d, x in enumerate(c) if x is not None and x < 0]
+        if neg:
+            return (f"a TMA store whose box starts at a negative coordinate ({c[neg[0]]} in position {neg[0]}) "
+                    f"{measured}; negative coordinates are fine for loads only: {where}")
+    if len(dims) == 1 and c[0] is not None and dims[0] is not None and not 0 <= c[0] <= dims[0] - box[0]:
+        legal = (f"start in 0..{dims[0] - box[0]}" if box[0] <= dims[0]
+                 else "no start is legal: the box is longer than the tensor")
+        if store:
+            return (f"a rank-1 TMA store whose box is not entirely inside the tensor is refused (a rank-1 load of such "
+                    f"a box {measured}; stores are held to the same rule, not measured on their own); a rank-1 box "
+                    f"must lie in [0, {dims[0]}) ({legal}): {where}")
+        return (f"a rank-1 TMA load whose box is not entirely inside the tensor {measured}; a rank-1 box must lie in "
+                f"[0, {dims[0]}) ({legal}): {where}")
+    return None
