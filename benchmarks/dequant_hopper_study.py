@@ -17,15 +17,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-#: candidates per M range: (first M, last M) -> [(block_m, consumers, stages, in_flight[, k_split])]
+#: candidates per M range: (first M, last M) -> [(block_m, consumers, stages, in_flight[, k_split[, producers]])]
 CANDIDATES = [
-    ((1, 8), [(8, 1, 16, 1), (8, 2, 8, 1, True)]),
-    ((9, 16), [(16, 1, 16, 1), (16, 2, 8, 1, True)]),
-    ((17, 32), [(32, 1, 8, 1), (32, 2, 8, 1, True), (64, 2, 8, 1, True)]),
-    ((33, 64), [(64, 1, 8, 1), (64, 2, 8, 1, True), (64, 2, 12, 1, True)]),
-    ((65, 128), [(128, 1, 8, 1), (128, 2, 6, 1, True), (128, 2, 8, 1, True)]),
-    ((129, 256), [(128, 2, 6, 1), (128, 2, 6, 1, True), (256, 2, 3, 1)]),
-    ((257, 1 << 30), [(128, 2, 6, 1), (256, 2, 3, 1), (256, 2, 4, 1)]),
+    ((1, 8), [(8, 1, 16, 1), (8, 1, 16, 1, False, 2)]),
+    ((9, 16), [(16, 1, 16, 1), (16, 1, 16, 1, False, 2)]),
+    ((17, 32), [(32, 1, 8, 1), (32, 1, 8, 1, False, 2), (32, 2, 8, 1, True, 2)]),
+    ((33, 64), [(64, 1, 8, 1), (64, 1, 8, 1, False, 2), (64, 2, 8, 1, True, 2)]),
+    ((65, 128), [(128, 1, 8, 1), (128, 1, 8, 1, False, 2), (128, 2, 8, 1, True, 2)]),
+    ((129, 256), [(128, 2, 6, 1), (128, 2, 6, 1, False, 2)]),
+    ((257, 1 << 30), [(256, 2, 4, 1), (256, 2, 4, 1, False, 2)]),
 ]
 
 
@@ -39,8 +39,9 @@ def candidates(M):
 def _config(c):
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
-    bm, cons, st, fl, *ks = c
-    return HopperDequantConfig(block_m=bm, consumers=cons, stages=st, in_flight=fl, k_split=bool(ks and ks[0]))
+    bm, cons, st, fl, *rest = c
+    ks, npr = (list(rest) + [False, 1])[:2] if len(rest) < 2 else rest[:2]
+    return HopperDequantConfig(block_m=bm, consumers=cons, stages=st, in_flight=fl, k_split=bool(ks), producers=npr)
 
 
 def _build(item):
@@ -91,7 +92,7 @@ def main():
 
     lines = [f"# fused Hopper dequant study, {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"`python benchmarks/dequant_hopper_study.py {' '.join(sys.argv[1:])}`", "",
-             "| N x K | M | config (block_m, consumers, stages, in_flight[, k_split]) | µs | rel err | cuBLAS fp16 µs | plan path | plan µs |",
+             "| N x K | M | config (block_m, consumers, stages, in_flight[, k_split, producers]) | µs | rel err | cuBLAS fp16 µs | plan path | plan µs |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     act = getattr(torch, opts.dtype)

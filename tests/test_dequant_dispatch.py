@@ -125,8 +125,9 @@ def _fused_dispatcher():
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
     _, _, kw = _weights()
-    small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=2, num_sms=2)
-             for p, bm, c in (("fused64", 32, 1), ("fused128", 64, 1), ("fused128x2", 64, 2), ("fused256", 128, 2))}
+    small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=3 if ks else 2, num_sms=2, k_split=ks)
+             for p, bm, c, ks in (("fused32", 16, 2, True), ("fused64", 32, 2, True), ("fused128", 64, 1, False),
+                                  ("fused128x2", 64, 2, False), ("fused256", 128, 2, False))}
     return DequantGemm(N, K, interpret=True, arch="sm_90a", dense_m=300,
                        configs=dict(small, gemv8=SMALL_GEMV, gemv16=SMALL_GEMV, hopper=SMALL_HOPPER), **kw)
 
@@ -169,7 +170,8 @@ def test_dispatcher_plan():
     assert DequantGemm(8192, 8192, arch="sm_90a", fused=False).ranges[-2:] == [("dense_mid", LARGE_M, WIDE_M - 1),
                                                                                ("dense", WIDE_M, None)]
     assert DequantGemm(8192, 8192, arch="sm_90a").ranges == [
-        ("gemv8", 1, 8), ("gemv16", 9, 16), ("fused64", 17, 64), ("fused128", 65, 128), ("fused128x2", 129, 511),
+        ("gemv8", 1, 8), ("gemv16", 9, 16), ("fused32", 17, 32), ("fused64", 33, 64), ("fused128", 65, 128),
+        ("fused128x2", 129, 511),
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
     zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original")
     assert [r[0] for r in zeros.ranges] == ["gemv8", "gemv16", "dense_mid", "dense"]   # no fused path for zeros
@@ -178,22 +180,23 @@ def test_dispatcher_plan():
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
     assert narrow.ranges[2] == ("tiled64", 17, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
-        "gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense", "fused64", "fused128", "fused128x2", "fused256",
-        "wgmma"]
+        "gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense", "fused32", "fused64", "fused128", "fused128x2",
+        "fused256", "wgmma"]
     # N = 64: the two-consumer fused tiles (128 weight rows) do not fit; the one-consumer ones take their range
-    assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused64",
-                                                                                "fused128", "dense"]
+    assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused32",
+                                                                                "fused64", "fused128", "dense"]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(ArgumentError, match="A must be a 2-D"):
         _dispatcher()(torch.zeros(3, K + 64, dtype=torch.float16), *_weights()[1])
 
 
-@pytest.mark.parametrize("M", [33, 70, 150, 300])
+@pytest.mark.parametrize("M", [20, 33, 70, 150, 300])
 def test_fused_dispatcher_routes_ragged_m_on_the_interpreter(M):
-    """int4 on sm_90a: fused64 / fused128 / fused128x2 for M > 16 (small tiles, two persistent CTAs), dense from
-    dense_m (300 here); NaN-poisoned output vs the exact product."""
+    """int4 on sm_90a: fused32 / fused64 (k_split) / fused128 / fused128x2 for M > 16 (small tiles, two persistent
+    CTAs), dense from dense_m (300 here); NaN-poisoned output vs the exact product."""
     dg = _fused_dispatcher()
-    assert [dg.path_for(m) for m in (33, 70, 150, 300)] == ["fused64", "fused128", "fused128x2", "dense"]
+    assert [dg.path_for(m) for m in (20, 33, 70, 150, 300)] == ["fused32", "fused64", "fused128", "fused128x2",
+                                                               "dense"]
     qw, tensors, _ = _weights()
     A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
     C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))

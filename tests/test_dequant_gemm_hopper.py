@@ -163,6 +163,8 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(producers=2, stages=3), **ok)
     with pytest.raises(UnsupportedConfigError, match="consumers must be 2"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(consumers=1, k_split=True), **ok)
+    with pytest.raises(UnsupportedConfigError, match="stages >= 3"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(k_split=True, stages=2), **ok)
     with pytest.raises(TileShapeError, match="multiple of 128"):
         make_dequant_gemm_hopper(64, 256, 576, config=HopperDequantConfig(k_split=True), group_size=-1)
 

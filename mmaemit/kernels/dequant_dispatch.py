@@ -9,12 +9,14 @@ path            M range (defaults)    kernel
 ==============  ====================  ==========================================================================
 ``gemv8``       1 .. 8                :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
 ``gemv16``      9 .. 16               the same with ``m_max=16`` (two A rows per lane)
-``fused64``     17 .. 64              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
-                                      mbarrier ring, warp-specialized, int4 decoded into RS wgmma), 64 activation
-                                      rows x 64 weight rows per tile, one consumer warpgroup, 8 stages
+``fused32``     17 .. 32              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
+                                      mbarrier ring, warp-specialized, int4 decoded into RS wgmma), 32 activation
+                                      rows x 64 weight rows per tile, two consumer warpgroups splitting K
+                                      (``k_split``), 8 stages
+``fused64``     33 .. 64              the same, 64 activation rows
 ``fused128``    65 .. 128             the same, 128 activation rows
 ``fused128x2``  129 .. 511            128 x 128 tiles, two consumer warpgroups, 6 stages
-``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 3 stages
+``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 4 stages
 ``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
                                       bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
                                       (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``, 128 x 256)
@@ -72,21 +74,22 @@ PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
 #: int4 decoded into RS wgmma) at four tile shapes, with the first M each serves on sm_90a (int4 without zero points;
 #: from the tile study on the H100, docs/perf-notes.md, 2026-11-26): they replace tiled64 .. dense_mid there
-FUSED_PATHS = ("fused64", "fused128", "fused128x2", "fused256")
-_FUSED_START = {"fused64": 17, "fused128": 65, "fused128x2": 129, "fused256": 512}
-#: with the fused paths, the first M of the two-kernel ``dense`` path (the fused 256-row tiles won at M=1024 and
-#: lost at 4096 on the H100; the crossover is between)
-FUSED_DENSE_M = 2048
+FUSED_PATHS = ("fused32", "fused64", "fused128", "fused128x2", "fused256")
+_FUSED_START = {"fused32": 17, "fused64": 33, "fused128": 65, "fused128x2": 129, "fused256": 512}
+#: with the fused paths, the first M of the two-kernel ``dense`` path (on the H100 at 8192 x 8192 the fused 256-row
+#: tiles won at M=2048, 416 vs 454 µs, and tied at 4096, 888 vs 874)
+FUSED_DENSE_M = 4096
 #: runnable by name (``run_path``, ``--all-paths``), in no plan: the register-decode Hopper kernel of
 #: :mod:`mmaemit.kernels.dequant_gemm_wgmma` (symbolic M)
 EXTRA_PATHS = ("wgmma",)
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
              "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4),
-             "fused64": HopperDequantConfig(block_m=64, consumers=1, stages=8),
-             "fused128": HopperDequantConfig(block_m=128, consumers=1, stages=8),
+             "fused32": HopperDequantConfig(block_m=32, consumers=2, stages=8, k_split=True),
+             "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=8, k_split=True),
+             "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=8, k_split=True),
              "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=6),
-             "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=3)}
+             "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
 
 
 def _interpret_default() -> bool:
@@ -156,13 +159,14 @@ class DequantGemm:
         if path == "wgmma":
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
         if path in FUSED_PATHS:
-            return (N % (64 * cfg.consumers) == 0 and self.weight_format in HOPPER_FUSED_FORMATS
-                    and self.zeros_mode is None)
+            rows = 64 if cfg.k_split else 64 * cfg.consumers
+            return (N % rows == 0 and K % (128 if cfg.k_split else 64) == 0
+                    and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None)
         return True
 
     def _fused(self) -> bool:
         """Whether the fused Hopper paths serve M > 16 (sm_90a, int4 without zero points, N a multiple of 64)."""
-        return self.use_fused is not False and self.large_m is not None and self._fits("fused64")
+        return self.use_fused is not False and self.large_m is not None and any(map(self._fits, FUSED_PATHS))
 
     def _plan(self):
         """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path

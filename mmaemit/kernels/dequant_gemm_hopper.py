@@ -194,6 +194,10 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     if KT % STEP:
         raise TileShapeError(f"k_split=True needs K a multiple of 128 (two consumers, 64-wide chunks), not K={K}")
     KC = KT // STEP                       # chunks per consumer and tile
+    if ST < STEP * INF + 1:
+        # in_flight=1 holds a consumer's previous chunk's stage while it waits for the next one's: with k_split that
+        # is chunk kt - 2, which shares kt's stage when stages == 2 (a deadlock)
+        raise UnsupportedConfigError(f"k_split=True with in_flight=1 needs stages >= 3, not {ST}")
     PAIRS = (KC - 1) // 2                 # in_flight=1: chunk pairs in the K loop before the peeled tail
     em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128, stages=(ST,),
                             arch=arch)
