@@ -202,6 +202,23 @@ def test_dispatcher_fused_path_by_name_outside_its_range():
     assert not set(FUSED_PATHS) & set(DequantGemm(N, K, interpret=True, arch="sm_80").runnable_paths())
 
 
+@pytest.mark.parametrize("fmt, dtype", [("int4_ob", torch.float16), ("nf4", torch.bfloat16),
+                                        ("float4_e2m1fn", torch.float16)])
+def test_fused_hopper_other_4bit_formats_on_the_interpreter(fmt, dtype):
+    """Every 4-bit format without zero points takes the fused path (nibbles re-paired blind, the format's decode
+    program): symmetric GPTQ (int4_ob), nf4, fp4."""
+    g = torch.Generator().manual_seed(len(fmt))
+    qw = D.quantize(torch.randn(128, 512, generator=g).to(dtype), D.QuantScheme(fmt, group_size=128))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(40, 512, generator=g).to(dtype)
+    ref = A.double() @ qw.dequantize().double().T
+    cfg = HopperDequantConfig(block_m=64, consumers=1, stages=3, num_sms=2)
+    func, _ = make_dequant_gemm_hopper(None, 128, 512, dtype=str(dtype)[6:], config=cfg, **kw)
+    C = torch.full((40, 128), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+    assert _rel(C, ref) < _tol(dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, dtype, group", [(1000, torch.float16, 128), (77, torch.bfloat16, -1)])
 def test_fused_hopper_on_gpu(M, dtype, group):
@@ -215,3 +232,26 @@ def test_fused_hopper_on_gpu(M, dtype, group):
     torch.cuda.synchronize()
     assert not torch.isnan(C).any()
     assert _rel(C, ref) < _tol(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["int4_ob", "nf4"])
+def test_fused_paths_other_4bit_formats_on_gpu(fmt):
+    """DequantGemm on sm_90a puts symmetric-GPTQ (int4_ob) and nf4 weights on the fused paths too: M = 20 / 100 /
+    300 (fused32, fused128, fused128x2), NaN-poisoned outputs vs the float64 product."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    g = torch.Generator().manual_seed(11)
+    qw = D.quantize(torch.randn(1024, 2048, generator=g).half(), D.QuantScheme(fmt, group_size=128))
+    tensors, kw = kernel_arguments(qw)
+    tensors = [t.cuda() for t in tensors]
+    wd = qw.dequantize().double().cuda()
+    dg = DequantGemm(1024, 2048, **kw)
+    for M, path in ((20, "fused32"), (100, "fused128"), (300, "fused128x2")):
+        assert dg.path_for(M) == path
+        A = torch.randn(M, 2048, device="cuda").half()
+        C = dg(A, *tensors, out=torch.full((M, 1024), float("nan"), dtype=torch.float16, device="cuda"))
+        torch.cuda.synchronize()
+        assert not torch.isnan(C).any(), (fmt, M)
+        ref = A.double() @ wd.T
+        assert ((C.double() - ref).norm() / ref.norm()).item() < 2e-3, (fmt, M)

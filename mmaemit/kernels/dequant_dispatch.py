@@ -1,8 +1,8 @@
 """Dynamic-M dequant GEMM: one object per weight shape, a few kernels compiled once, every M served without compiling.
 
 ``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call).
-On sm_90a with int4 weights without zero points (the format of GPTQ / AWQ checkpoints after import; N a multiple of
-64) the plan is
+On sm_90a with 4-bit weights without zero points (``HOPPER_FUSED_FORMATS``: int4, int4_ob = symmetric GPTQ, nf4,
+fp4, uint4; N a multiple of 64) the plan is
 
 ==============  ====================  ==========================================================================
 path            M range (defaults)    kernel

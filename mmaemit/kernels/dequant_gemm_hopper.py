@@ -45,8 +45,10 @@ from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "HOPPER_FUSED_FORMATS"]
 
-#: weight formats of the fused Hopper path (4-bit codes, one scale per (row, group), no zero points)
-HOPPER_FUSED_FORMATS = ("int4",)
+#: weight formats of the fused Hopper path: every 4-bit code (the quad re-pairing moves nibbles, whatever they mean;
+#: the decode is the format's own program), one scale per (row, group), no zero points. int4_ob is what symmetric
+#: GPTQ checkpoints import as.
+HOPPER_FUSED_FORMATS = ("int4", "int4_ob", "uint4", "nf4", "float4_e2m1fn")
 
 
 @dataclass(frozen=True)
