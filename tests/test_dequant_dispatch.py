@@ -8,7 +8,7 @@ import torch
 import mmaemit
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
-from mmaemit.errors import ArgumentError, TileShapeError
+from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 from mmaemit.kernels.dequant_dense import make_dequant_to_dense
 from mmaemit.kernels.dequant_dispatch import FUSED_DENSE_M, LARGE_M, WIDE_M, DequantGemm
 from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
@@ -175,6 +175,11 @@ def test_dispatcher_plan():
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
     zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original")
     assert [r[0] for r in zeros.ranges] == ["gemv8", "gemv16", "dense_mid", "dense"]   # no fused path for zeros
+    with pytest.raises(UnsupportedConfigError, match="zero points"):
+        DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original", fused=True)
+    with pytest.raises(UnsupportedConfigError, match="sm_90a"):
+        DequantGemm(8192, 8192, arch="sm_80", fused=True)
+    assert DequantGemm(8192, 8192, arch="sm_90a", fused=True).ranges == DequantGemm(8192, 8192, arch="sm_90a").ranges
     narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, wide_m=256, interpret=True, fused=False,
                          **kw)   # N=64
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]

@@ -105,7 +105,8 @@ class DequantGemm:
     ``dense_mid`` path (sm_90a without the fused paths; None = :data:`LARGE_M`). ``wide_m``: first M of ``dense``
     there (None = :data:`WIDE_M`). ``dense_m``: first M of ``dense`` when the fused paths serve below it (None =
     :data:`FUSED_DENSE_M`). ``fused``: False keeps the second plan (tiled / dense_mid) where the fused paths would
-    serve (None: the fused paths wherever they fit). ``configs``: per-path config overrides, keys from :data:`PATHS`, :data:`FUSED_PATHS`,
+    serve, None uses the fused paths wherever they fit, True insists on them (``UnsupportedConfigError`` naming the
+    reason where none fits). ``configs``: per-path config overrides, keys from :data:`PATHS`, :data:`FUSED_PATHS`,
     :data:`EXTRA_PATHS` plus ``"hopper"`` / ``"hopper_mid"`` (the GEMMs of the dense paths; ``"dense"`` configures
     their dequant kernel). ``interpret``: run on the CPU interpreter.
     """
@@ -165,8 +166,21 @@ class DequantGemm:
         return True
 
     def _fused(self) -> bool:
-        """Whether the fused Hopper paths serve M > 16 (sm_90a, int4 without zero points, N a multiple of 64)."""
-        return self.use_fused is not False and self.large_m is not None and any(map(self._fits, FUSED_PATHS))
+        """Whether the fused Hopper paths serve M > 16 (sm_90a, a 4-bit format of ``HOPPER_FUSED_FORMATS`` without
+        zero points, N a multiple of 64)."""
+        fits = self.large_m is not None and any(map(self._fits, FUSED_PATHS))
+        if self.use_fused and not fits:
+            raise UnsupportedConfigError(
+                f"fused=True, but no fused Hopper path fits: they need sm_90a (arch={self.arch}), weight_format in "
+                f"{choices(HOPPER_FUSED_FORMATS)} (got {self.weight_format!r}) without zero points (zeros_mode="
+                f"{self.zeros_mode!r}) and N a multiple of 64 (N={self.N}); pass fused=None to use them where they fit")
+        return self.use_fused is not False and fits
+
+    @staticmethod
+    def _spans(paths, start):
+        """[(path, first M, last M or None)]: each path from its first M (the first path from 1) up to the next's."""
+        return [(p, 1 if i == 0 else start[p], start[paths[i + 1]] - 1 if i + 1 < len(paths) else None)
+                for i, p in enumerate(paths)]
 
     def _plan(self):
         """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path
@@ -175,12 +189,7 @@ class DequantGemm:
             start = dict({"gemv8": 1, "gemv16": 9}, **_FUSED_START, dense=self.dense_m)
             paths = [p for p in ("gemv8", "gemv16") + FUSED_PATHS + ("dense",)
                      if self._fits(p) and start[p] < self.dense_m or p == "dense"]
-            out = []
-            for i, p in enumerate(paths):
-                lo = 1 if i == 0 else start[p]
-                hi = start[paths[i + 1]] - 1 if i + 1 < len(paths) else None
-                out.append((p, lo, hi))
-            return out
+            return self._spans(paths, start)
         start = {"gemv8": 1, "gemv16": 9, "tiled64": 17, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
         paths = [p for p in PATHS if start[p] is not None and self._fits(p)]
@@ -194,12 +203,7 @@ class DequantGemm:
                                  f"{self.configs['tiled128'].block_n})")
         if paths[-1].startswith("gemv"):
             raise TileShapeError(f"no dequant path serves M > 16 for N={self.N}, K={self.K}")
-        out = []
-        for i, p in enumerate(paths):
-            lo = 1 if i == 0 else start[p]
-            hi = start[paths[i + 1]] - 1 if i + 1 < len(paths) else None
-            out.append((p, lo, hi))
-        return out
+        return self._spans(paths, start)
 
     def runnable_paths(self) -> list:
         """Every path that can run this problem here (the plan's and those it leaves unused), in :data:`PATHS`
