@@ -329,12 +329,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 p = T.meta_var(tid // 32)         # this producer fills the stages s = p (mod NP), in ring order
                 tile = T.alloc_local((2,), "int32")
                 for t in T.serial(sched.count(worker)):
-                    # the tile once per tile into registers: with a symbolic M its panel order costs ~20 integer
-                    # divisions, which nvcc does not hoist out of the K loop (the divisor may be 0 for all it knows)
-                    tile[0] = sched.tile(worker, t)[0]
-                    tile[1] = sched.tile(worker, t)[1]
-                    tm = T.meta_var(tile[0])
-                    tn = T.meta_var(tile[1])
+                    tmn = T.meta_var(sched.tile_into(tile, worker, t))
+                    tm = T.meta_var(tmn[0])
+                    tn = T.meta_var(tmn[1])
                     for kt in T.serial(KT):
                         it = T.meta_var(t * KT + kt)
                         s = T.meta_var(ring.stage(it))
@@ -364,10 +361,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             em.init_descriptor(desc, Xs, "B")
             tile = T.alloc_local((2,), "int32")
             for t in T.serial(sched.count(worker)):
-                tile[0] = sched.tile(worker, t)[0]
-                tile[1] = sched.tile(worker, t)[1]
-                tm = T.meta_var(tile[0])
-                tn = T.meta_var(tile[1])
+                tmn = T.meta_var(sched.tile_into(tile, worker, t))
+                tm = T.meta_var(tmn[0])
+                tn = T.meta_var(tmn[1])
                 first = T.meta_var(c if KS else 0)
                 if INF == 0:
                     for j in T.serial(KC):

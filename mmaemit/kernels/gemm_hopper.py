@@ -361,12 +361,9 @@ def make_gemm_hopper(M, N, K, dtype="float16", out_dtype=None, trans_a=False, tr
             if tid == 0:
                 tile = T.alloc_local((2,), "int32")
                 for t in T.serial(sched.count(worker)):
-                    # once per tile into registers (a symbolic M's panel order is integer divisions nvcc keeps in
-                    # the K loop)
-                    tile[0] = sched.tile(worker, t, rank)[0]
-                    tile[1] = sched.tile(worker, t, rank)[1]
-                    tm = T.meta_var(tile[0])
-                    tn = T.meta_var(tile[1])
+                    tmn = T.meta_var(sched.tile_into(tile, worker, t, rank))
+                    tm = T.meta_var(tmn[0])
+                    tn = T.meta_var(tmn[1])
                     for kt in T.serial(KT):
                         it = T.meta_var(t * KT + kt)
                         s = T.meta_var(ring.stage(it))

@@ -53,3 +53,15 @@ class PersistentTileScheduler:
         """(tile_m, tile_n) of the ``t``-th item of ``worker``; ``rank``: the CTA's rank in its cluster."""
         pm, tn = panel_swizzle(worker + t * self.workers, self.grid_m // self.cluster_m, self.grid_n, self.panel)
         return pm * self.cluster_m + rank, tn
+
+    def tile_into(self, regs, worker, t, rank=0):
+        """Emit ``regs[0], regs[1] = tile(worker, t, rank)`` (``regs``: an int32 local buffer of 2) and return the two
+        register reads, for a loop over the tile's K blocks: the tile is computed once per tile. With a symbolic
+        ``grid_m`` the panel order is ~20 integer divisions by a run-time count, which nvcc does not hoist out of a K
+        loop (the divisor may be 0 for all it knows)."""
+        from tvm.tirx.script.builder import ir as IRB
+
+        tm, tn = self.tile(worker, t, rank)
+        IRB.buffer_store(regs, tm, [0])
+        IRB.buffer_store(regs, tn, [1])
+        return regs[0], regs[1]
