@@ -8,19 +8,23 @@ register-sourced A operand of ``wgmma`` (RS form), the activations the shared-me
 Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`` activation rows x
 ``64 * consumers`` weight rows, per 64-wide K chunk:
 
-* producer warpgroup (one elected thread): waits for a free ring stage (``MbarrierRing``), arms the full barrier and
-  issues two TMA box loads: the activation tile (``block_m`` x 64, 128-byte swizzle, the wgmma B layout:
-  ``TmaTile.for_layout`` of the emitter's shared layout; rows >= M are zero-filled by TMA bounds) and the packed
-  weight tile (``4 * consumers`` n16 blocks x one chunk of kernel-layout words: 512 contiguous bytes each);
+* producer warpgroup (one elected thread, or two filling alternate stages with ``producers=2``): waits for a free
+  ring stage (``MbarrierRing``), arms the full barrier and issues three TMA box loads: the activation tile
+  (``block_m`` x 64, 128-byte swizzle, the wgmma B layout: ``TmaTile.for_layout`` of the emitter's shared layout;
+  rows >= M are zero-filled by TMA bounds), the packed weight tile (4 n16 blocks per 64-row group x one chunk of
+  kernel-layout words: 512 contiguous bytes each) and the chunk's group scales (32 bytes per n16 block);
 * consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's 4 words
   (16 bytes), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
   (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit;
   ``in_flight=1`` (default): two A-register buffers (K loop unrolled by 2), ``wait_group 1`` after the commit retires
-  the previous chunk, whose stage is then released, so a chunk decodes while the previous one's wgmmas run;
-  ``in_flight=0``: ``wait_group 0`` in the same chunk. Every consumer thread arrives on the empty barrier (the words
-  are read with ``ld.shared``, not only by the async proxy);
-* epilogue per consumer: accumulators -> transposed staging tile [block_m, 64] -> one TMA box store (rows >= M are
-  clipped by TMA bounds).
+  the previous chunk, whose stage is then released, so a chunk decodes while the previous one's wgmmas run; the
+  tile's last chunk retires every group itself (``wait_group 0``: with that wait after the loop, ptxas moved the
+  epilogue's accumulator reads above it); ``in_flight=0``: ``wait_group 0`` in the same chunk. Every consumer thread
+  arrives on the empty barrier (the words are read with ``ld.shared``, not only by the async proxy); with
+  ``k_split`` the two consumers share one 64-row group, take even / odd chunks and add their sums through shared
+  memory before the store;
+* epilogue per 64-row group: accumulators -> transposed staging tile [block_m, 64] -> one TMA box store (rows >= M
+  are clipped by TMA bounds).
 
 Why the re-pairing: the kernel layout permutes K inside every 64-chunk so that lane c of a quad holds the real
 columns 16c .. 16c + 15 (its word s holds k16 step s: real k = 16c + 4s + 2h + e for register half h). That order
@@ -32,8 +36,9 @@ holds in words c//2 (H = 0) and c//2 + 2 (H = 1), register half c % 2. Each lane
 (two ``shfl.sync.bfly`` stages, 4 shuffles per chunk) hands lane c the word ``Y_S[c]`` of every lane S: a word in
 the decode program's own input order for wgmma k16 step S. Scales are per (row, group): unchanged.
 
-Scales: each consumer lane reads its 8 bytes of ``S`` per chunk with one ``ld.global.nc.v2`` (L2-resident, 1/64 of
-the weight bytes); ``S`` rows of 4 halves are too narrow for a TMA box (16-byte minimum).
+Scales: ``S`` [N/16, K/G, 4, 4] is viewed as [N/16, K/G, 16] (a row of 4 halves is below TMA's 16-byte box
+minimum; 16 halves are 32 bytes) and travels in the ring; each consumer lane reads its 8 bytes with one
+``ld.shared.v2`` after the stage's barrier (a per-chunk ``ld.global`` used to sit in the consumer's critical path).
 """
 from __future__ import annotations
 
