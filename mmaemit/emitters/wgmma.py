@@ -171,16 +171,18 @@ class WgmmaIntrinEmitter:
         for r in range(self.local_size_c):
             _ir.store(acc, v, (r,))
 
-    def pin_accumulators(self, acc):
+    def pin_accumulators(self, acc, index=()):
         """After the last ``wait_group``: one ``xor.b32 r, r, 0`` per accumulator register (an exact identity that
         ptxas drops), so nvcc cannot hoist the epilogue's reads above the wait: nvcc does not know the wait writes the
         accumulators. The pin must be an ``asm volatile`` (ordered after the wait's own ``asm volatile``): TVM renders
         ``mov.b32`` as a plain ``asm``, which nvcc moved above the wait, so the epilogue read accumulators that the
-        last wgmma group was still writing (wrong results on the H100, 2026-11-26, see docs/perf-notes.md)."""
+        last wgmma group was still writing (wrong results on the H100, 2026-11-26, see docs/perf-notes.md).
+        ``index``: leading indices of ``acc`` when it holds several accumulator sets (``acc[*index, r]``)."""
         from tvm.script import tirx as T
 
         for r in range(self.local_size_c):
-            _ir.emit(T.ptx.xor.b32(acc[r], acc[r], T.uint32(0)))
+            reg = acc[(*index, r)]
+            _ir.emit(T.ptx.xor.b32(reg, reg, T.uint32(0)))
 
     # ---- the asynchronous protocol -------------------------------------------------------------------------
     @staticmethod

@@ -258,12 +258,10 @@ def make_dequant_gemm_wgmma(M, N, K, group_size=128, dtype="float16", config: Wg
         for kt in T.serial(KT):
             step(kt)
         em.wait_group(0)
-        # pin the accumulators after the wait (an asm volatile identity of each, ordered after the wait's asm
-        # volatile; see WgmmaIntrinEmitter.pin_accumulators): nvcc does not know the wait writes them and would
-        # hoist the epilogue's reads above it. TVM's wgmma noop_barrier takes its operand by value and pins nothing.
+        # pin the accumulators after the wait (WgmmaIntrinEmitter.pin_accumulators): nvcc does not know the wait
+        # writes them and would hoist the epilogue's reads above it
         for mi in T.unroll(MW):
-            for i in T.unroll(BT // 2):
-                T.ptx.xor.b32(acc[mi, i], acc[mi, i], T.uint32(0))
+            em.pin_accumulators(acc, (mi,))
         T.ptx["cp.async.wait_group"](0)
         T.cuda.cta_sync()
         # accumulator (mi, i) = C^T[weight row m of tile mi, activation row n], (m, n) = accumulator_coords
