@@ -8,7 +8,11 @@ registers between them at run time. Facts it relies on (PTX ISA ``setmaxnreg``; 
 * it only takes effect when the kernel has a register cap at entry (``__launch_bounds__(threads, 1)``: the kernel
   asks for ``tirx.launch_bounds_min_blocks_per_sm`` 1, see :meth:`WarpgroupRoles.launch_attr`) and each role is one
   branch of a single if / else (ptxas warns C7508 and ignores it otherwise);
-* the budgets must fit the register file: ``128 x (producers x producer_regs + consumers x consumer_regs)`` <= 65536.
+* the budgets must fit what the CTA was given at launch: ``producers x producer_regs + consumers x consumer_regs``
+  <= ``warpgroups x entry_regs`` (``entry_regs`` = 65536 / threads rounded down to 8). ``setmaxnreg.inc`` only takes
+  registers that a ``dec`` released in the same CTA; asking for more blocks the consumers forever (measured on the
+  H100: 1 x 40 + 4 x 112 with 640 threads, entry 96 registers, hung) -- the check below is that rule, not the
+  register file size.
 """
 from __future__ import annotations
 
@@ -45,12 +49,15 @@ class WarpgroupRoles:
             raise UnsupportedConfigError(f"producer_regs={self.producer_regs} > consumer_regs={self.consumer_regs}: "
                                          f"producers give registers to consumers, not the reverse")
         total = 128 * (self.producers * self.producer_regs + self.consumers * self.consumer_regs)
-        if total > REGISTER_FILE:
-            most = (REGISTER_FILE // 128 - self.producers * self.producer_regs) // self.consumers // 8 * 8
+        given = self.threads * self.entry_regs
+        if total > given:
+            # setmaxnreg.inc waits for registers a dec released; more than the launch allocation never comes
+            most = (given // 128 - self.producers * self.producer_regs) // self.consumers // 8 * 8
             raise UnsupportedConfigError(
-                f"register budget {total} > {REGISTER_FILE} per CTA: 128 x ({self.producers} x {self.producer_regs} "
-                f"+ {self.consumers} x {self.consumer_regs}); with {self.producer_regs} producer registers the "
-                f"consumers can have at most {most}")
+                f"register budget {total} > {given} per CTA (the launch allocation: {self.threads} threads x "
+                f"{self.entry_regs} registers): 128 x ({self.producers} x {self.producer_regs} + {self.consumers} x "
+                f"{self.consumer_regs}); with {self.producer_regs} producer registers the consumers can have at most "
+                f"{most} (setmaxnreg.inc beyond it hangs)")
 
     @property
     def warpgroups(self) -> int:
