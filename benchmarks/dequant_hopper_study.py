@@ -17,15 +17,16 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-#: candidates per M range: (first M, last M) -> [(block_m, consumers, stages, in_flight[, k_split[, producers]])]
+#: candidates per M range: (first M, last M) -> [(block_m, consumers, stages, in_flight[, k_split[, producers]])];
+#: ("gemv", m_max, n_blocks, k_slices, stages, min_blocks_per_sm) entries time make_dequant_gemv instead
 CANDIDATES = [
-    ((1, 8), [(8, 1, 16, 1), (8, 1, 16, 1, False, 2)]),
-    ((9, 16), [(16, 1, 16, 1), (16, 1, 16, 1, False, 2)]),
-    ((17, 32), [(32, 1, 8, 1), (32, 1, 8, 1, False, 2), (32, 2, 8, 1, True, 2)]),
-    ((33, 64), [(64, 1, 8, 1), (64, 1, 8, 1, False, 2), (64, 2, 8, 1, True, 2)]),
-    ((65, 128), [(128, 1, 8, 1), (128, 1, 8, 1, False, 2), (128, 2, 8, 1, True, 2)]),
-    ((129, 256), [(128, 2, 6, 1), (128, 2, 6, 1, False, 2)]),
-    ((257, 1 << 30), [(256, 2, 4, 1), (256, 2, 4, 1, False, 2)]),
+    ((1, 8), [("gemv", 8, 2, 8, 4, 2), (8, 2, 8, 1, True, 1)]),
+    ((9, 16), [("gemv", 16, 2, 8, 4, 2), ("gemv", 32, 1, 8, 4, 2), (16, 2, 8, 1, True, 1)]),
+    ((17, 32), [(32, 2, 8, 1, True, 1), ("gemv", 32, 1, 8, 4, 2), ("gemv", 32, 2, 8, 4, 1), ("gemv", 32, 1, 16, 4, 1)]),
+    ((33, 64), [(64, 2, 8, 1, True, 1), (64, 4, 12, 1, True, 1)]),
+    ((65, 128), [(128, 2, 8, 1, True, 1), (128, 1, 8, 1)]),
+    ((129, 256), [(128, 2, 6, 1)]),
+    ((257, 1 << 30), [(256, 2, 4, 1)]),
 ]
 
 
@@ -40,19 +41,30 @@ def _config(c):
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
     bm, cons, st, fl, *rest = c
-    ks, npr = (list(rest) + [False, 1])[:2] if len(rest) < 2 else rest[:2]
-    return HopperDequantConfig(block_m=bm, consumers=cons, stages=st, in_flight=fl, k_split=bool(ks), producers=npr)
+    ks, npr = (list(rest) + [False, 1][len(rest):])[:2]
+    return HopperDequantConfig(block_m=bm, consumers=cons, stages=st, in_flight=fl, k_split=bool(ks), producers=npr,
+                               consumer_regs=232 if cons <= 2 else 112, producer_regs=40 if cons <= 2 else 24)
+
+
+def _make(N, K, dtype, c):
+    if c[0] == "gemv":
+        from mmaemit.kernels.dequant_gemm import GemvConfig, make_dequant_gemv
+
+        _, m_max, nb, ks, st, mb = c
+        cfg = GemvConfig(n_blocks=nb, k_slices=ks, stages=st, min_blocks_per_sm=mb)
+        return make_dequant_gemv(None, N, K, 128, dtype, cfg, "sm_90a", m_max=m_max)[0]
+    from mmaemit.kernels.dequant_gemm_hopper import make_dequant_gemm_hopper
+
+    return make_dequant_gemm_hopper(None, N, K, 128, dtype, _config(c), "sm_90a")[0]
 
 
 def _build(item):
     N, K, dtype, c = item
     import mmaemit
-    from mmaemit.kernels.dequant_gemm_hopper import make_dequant_gemm_hopper
 
     t = time.time()
     try:
-        f, _ = make_dequant_gemm_hopper(None, N, K, 128, dtype, _config(c), "sm_90a")
-        mmaemit.compile(f, target="sm_90a")
+        mmaemit.compile(_make(N, K, dtype, c), target="sm_90a")
         return item, time.time() - t, None
     except Exception as e:  # reported, the study goes on
         return item, time.time() - t, f"{type(e).__name__}: {str(e)[:300]}"
@@ -65,6 +77,7 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--out", default=None)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--build-only", action="store_true", help="compile the candidates into the cubin cache and stop")
     opts = ap.parse_args()
     os.environ["MMAEMIT_CUBIN_CACHE"] = "1"
     import multiprocessing
@@ -76,11 +89,10 @@ def main():
     from mmaemit import dequant as D
     from mmaemit.dequant.kernel_layout import kernel_arguments
     from mmaemit.kernels.dequant_dispatch import DequantGemm
-    from mmaemit.kernels.dequant_gemm_hopper import make_dequant_gemm_hopper
     from mmaemit.runtime.timing import copies_needed, time_rotating
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in opts.shapes]
-    items = sorted({(N, K, opts.dtype, c) for N, K in shapes for M in opts.ms for c in candidates(M)})
+    items = sorted({(N, K, opts.dtype, c) for N, K in shapes for M in opts.ms for c in candidates(M)}, key=str)
     t0 = time.time()
     errors = {}
     with ProcessPoolExecutor(opts.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -89,10 +101,12 @@ def main():
                 errors[item] = err
                 print(f"build {item[3]} for {item[0]}x{item[1]}: {err}", flush=True)
     print(f"built {len(items)} kernels in {time.time() - t0:.0f} s", flush=True)
+    if opts.build_only:
+        return
 
     lines = [f"# fused Hopper dequant study, {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"`python benchmarks/dequant_hopper_study.py {' '.join(sys.argv[1:])}`", "",
-             "| N x K | M | config (block_m, consumers, stages, in_flight[, k_split, producers]) | µs | rel err | cuBLAS fp16 µs | plan path | plan µs |",
+             "| N x K | M | config (block_m, consumers, stages, in_flight[, k_split, producers]; or gemv, m_max, n_blocks, k_slices, stages, min_blocks) | µs | rel err | cuBLAS fp16 µs | plan path | plan µs |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     act = getattr(torch, opts.dtype)
@@ -121,8 +135,7 @@ def main():
                     continue
                 key = (N, K, c)
                 if key not in kernels:
-                    f, _ = make_dequant_gemm_hopper(None, N, K, 128, opts.dtype, _config(c), "sm_90a")
-                    kernels[key] = mmaemit.compile(f, target="sm_90a")
+                    kernels[key] = mmaemit.compile(_make(N, K, opts.dtype, c), target="sm_90a")
                 kern = kernels[key]
                 C = torch.full((M, N), float("nan"), device="cuda", dtype=act)
                 try:

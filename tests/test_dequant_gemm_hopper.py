@@ -161,25 +161,40 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(producers=3), **ok)
     with pytest.raises(UnsupportedConfigError, match="multiple of 2"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(producers=2, stages=3), **ok)
-    with pytest.raises(UnsupportedConfigError, match="consumers must be 2"):
+    with pytest.raises(UnsupportedConfigError, match="with k_split=True; valid: 2 or 4"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(consumers=1, k_split=True), **ok)
+    with pytest.raises(UnsupportedConfigError, match="valid: 1 or 2"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(consumers=4), **ok)
+    with pytest.raises(UnsupportedConfigError, match="consumers can have at most 104"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(consumers=4, k_split=True, stages=5), **ok)
+    four = dict(block_m=32, consumers=4, k_split=True, consumer_regs=112, producer_regs=24)
+    with pytest.raises(UnsupportedConfigError, match="stages >= 5"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(stages=4, **four), **ok)
+    with pytest.raises(TileShapeError, match="multiple of 256"):
+        make_dequant_gemm_hopper(64, 256, 640, config=HopperDequantConfig(stages=5, **four), group_size=-1)
+    with pytest.raises(UnsupportedConfigError, match="accumulator registers"):
+        make_dequant_gemm_hopper(128, 256, 512, config=HopperDequantConfig(**dict(four, block_m=128, stages=5)),
+                                 **ok)
     with pytest.raises(UnsupportedConfigError, match="stages >= 3"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(k_split=True, stages=2), **ok)
     with pytest.raises(TileShapeError, match="multiple of 128"):
         make_dequant_gemm_hopper(64, 256, 576, config=HopperDequantConfig(k_split=True), group_size=-1)
 
 
-@pytest.mark.parametrize("M, k, in_flight, sms, k_split, producers", [
-    (70, 512, 1, 1, True, 1), (33, 640, 1, 2, True, 2), (20, 512, 0, 1, True, 1), (70, 576, 1, 1, False, 2)])
-def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, producers):
+@pytest.mark.parametrize("M, k, in_flight, sms, k_split, producers, consumers", [
+    (70, 512, 1, 1, True, 1, 2), (33, 640, 1, 2, True, 2, 2), (20, 512, 0, 1, True, 1, 2), (70, 576, 1, 1, False, 2, 2),
+    (40, 768, 1, 1, True, 1, 4), (17, 512, 1, 2, True, 2, 4), (5, 256, 0, 1, True, 1, 4)])
+def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, producers, consumers):
     """k_split: two consumer warpgroups on the same 64 weight rows, even / odd chunks, sums added through shared
     memory; one persistent CTA walks both N tiles (the hand-over buffer reused across tiles); K=640: 5 chunks per
     consumer (the single peeled tail chunk); in_flight 0 and 1. producers=2: two threads fill alternate stages (K=576:
-    an odd chunk count, the producers issue 5 and 4)."""
+    an odd chunk count, the producers issue 5 and 4). 4 consumers: chunks dealt round robin (K=768: 3 each, a pair
+    and the peeled tail; K=256: one each), three hand-overs through shared memory."""
     args, kw, ref = _problem(M, 128, k, 128 if k == 512 else -1, torch.float16, seed=M)
-    cfg = HopperDequantConfig(block_m=32, consumers=2, k_split=k_split, stages=2 + 2 * producers, num_sms=sms,
-                              in_flight=in_flight,
-                              producers=producers)
+    cfg = HopperDequantConfig(block_m=32, consumers=consumers, k_split=k_split,
+                              stages=2 + 2 * producers if consumers == 2 else 6, num_sms=sms,
+                              consumer_regs=232 if consumers == 2 else 112, producer_regs=40 if consumers == 2 else 24,
+                              in_flight=in_flight, producers=producers)
     func, _ = make_dequant_gemm_hopper(None, 128, k, config=cfg, **kw)
     C = torch.full((M, 128), float("nan"), dtype=torch.float16)
     assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok

@@ -21,8 +21,8 @@ Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`
   tile's last chunk retires every group itself (``wait_group 0``: with that wait after the loop, ptxas moved the
   epilogue's accumulator reads above it); ``in_flight=0``: ``wait_group 0`` in the same chunk. Every consumer thread
   arrives on the empty barrier (the words are read with ``ld.shared``, not only by the async proxy); with
-  ``k_split`` the two consumers share one 64-row group, take even / odd chunks and add their sums through shared
-  memory before the store;
+  ``k_split`` the 2 or 4 consumers share one 64-row group, deal the chunks round robin and add their sums through
+  shared memory before the store;
 * epilogue per 64-row group: accumulators -> transposed staging tile [block_m, 64] -> one TMA box store (rows >= M
   are clipped by TMA bounds).
 
@@ -59,16 +59,20 @@ HOPPER_FUSED_FORMATS = ("int4", "int4_ob", "uint4", "nf4", "float4_e2m1fn")
 @dataclass(frozen=True)
 class HopperDequantConfig:
     """Tile configuration. ``block_m``: activation rows per tile (the wgmma N: multiple of 8, 8..256);
-    ``consumers``: math warpgroups of 64 weight rows each (1 or 2); ``stages``: ring depth (>= 2); ``panel``: tile
+    ``consumers``: math warpgroups of 64 weight rows each (1 or 2; with ``k_split`` 2 or 4 on one 64-row group);
+    ``stages``: ring depth (>= 2); ``panel``: tile
     rows per rasterization panel; ``num_sms``: persistent grid (None: the visible GPU's SM count, 132 without one).
     ``in_flight``: 1 = two A-register buffers (K loop unrolled by 2): chunk kt decodes while chunk kt - 1's wgmmas
     run, retired after kt is issued; 0 = retire each chunk's wgmmas before the next decode (one buffer).
-    ``k_split`` (``consumers=2``, K a multiple of 128): both consumer warpgroups work on the same 64 weight rows,
-    consumer c on the chunks kt = c (mod 2), and their fp32 sums meet in shared memory before the store: two warps
-    per scheduler instead of one where a single warpgroup's per-chunk latency bounds the kernel (small M).
+    ``k_split`` (``consumers`` 2 or 4, K a multiple of 64 x consumers): all consumer warpgroups work on the same 64
+    weight rows, consumer c on the chunks kt = c (mod consumers), and their fp32 sums meet in shared memory before
+    the store: 2 or 4 warps per scheduler instead of one where a warp's per-chunk instruction latency bounds the
+    kernel (small M: ~140 dependent instructions per chunk). 4 consumers need ``consumer_regs`` <= 112 with
+    ``producer_regs=24`` (640 threads start with 96 registers each) and so ``block_m`` <= 96.
     ``producers`` (1 or 2): threads of the producer warpgroup (lane 0 of warps 0 and 1) that issue the loads, each
-    every ``producers``-th chunk (its own stages; ``stages`` a multiple of ``producers``): per chunk a producer waits on an mbarrier, arms one and issues three
-    TMA copies, a serial chain that small tiles make the bound."""
+    every ``producers``-th chunk (its own stages; ``stages`` a multiple of ``producers``): per chunk a producer waits
+    on an mbarrier, arms one and issues three TMA copies.
+"""
 
     block_m: int = 128
     consumers: int = 2
@@ -156,14 +160,16 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     BT, NC, ST = cfg.block_m, cfg.consumers, cfg.stages
     if not isinstance(BT, int) or BT % 8 or not 8 <= BT <= 256:
         raise TileShapeError(f"block_m={BT} must be a multiple of 8 in [8, 256] (the wgmma N)")
-    if NC not in (1, 2):
-        raise UnsupportedConfigError(f"consumers={NC}; valid: 1, 2 (64 weight rows each)")
+    KS = bool(cfg.k_split)
+    if NC not in ((2, 4) if KS else (1, 2)):
+        raise UnsupportedConfigError(
+            f"consumers={NC} with k_split={KS}; valid: " + ("2 or 4 (warpgroups sharing one 64-row group)" if KS else
+                                                            "1 or 2 (64 weight rows each)"))
     if not isinstance(ST, int) or ST < 2:
         raise UnsupportedConfigError(f"stages={ST} must be an int >= 2")
     if cfg.in_flight not in (0, 1):
         raise UnsupportedConfigError(f"in_flight={cfg.in_flight!r}; valid: 0, 1")
     INF = cfg.in_flight
-    KS = bool(cfg.k_split)
     NP = cfg.producers
     if NP not in (1, 2):
         raise UnsupportedConfigError(f"producers={NP!r}; valid: 1, 2")
@@ -171,9 +177,6 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # each producer must own its stages: an mbarrier phase is only known by its parity, and a producer two
         # rounds ahead of the other on a shared stage would take the other's pending round for its own
         raise UnsupportedConfigError(f"producers={NP} needs stages a multiple of {NP}, not {ST}")
-    if KS and NC != 2:
-        raise UnsupportedConfigError(f"k_split=True splits K between two consumer warpgroups: consumers must be 2, "
-                                     f"not {NC}")
     roles = WarpgroupRoles(1, NC, cfg.producer_regs, cfg.consumer_regs)
     if BT // 2 + 64 > cfg.consumer_regs:
         raise UnsupportedConfigError(f"block_m={BT} needs {BT // 2} accumulator registers per thread; "
@@ -197,14 +200,16 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
     WPC = words_per_chunk(bits)           # 4 words per lane per n16 block and chunk = one per k16 step
     KT = K // CHUNK
-    STEP = 2 if KS else 1                 # a consumer's chunks are kt = first, first + STEP, ...
+    STEP = NC if KS else 1                # a consumer's chunks are kt = first, first + STEP, ...
     if KT % STEP:
-        raise TileShapeError(f"k_split=True needs K a multiple of 128 (two consumers, 64-wide chunks), not K={K}")
+        raise TileShapeError(f"k_split=True with {NC} consumers needs K a multiple of {CHUNK * NC} (64-wide chunks "
+                             f"dealt round robin), not K={K}")
     KC = KT // STEP                       # chunks per consumer and tile
     if ST < STEP * INF + 1:
         # in_flight=1 holds a consumer's previous chunk's stage while it waits for the next one's: with k_split that
-        # is chunk kt - 2, which shares kt's stage when stages == 2 (a deadlock)
-        raise UnsupportedConfigError(f"k_split=True with in_flight=1 needs stages >= 3, not {ST}")
+        # is chunk kt - consumers, which shares kt's stage when stages <= consumers (a deadlock)
+        raise UnsupportedConfigError(f"k_split=True with {NC} consumers and in_flight=1 needs stages >= {STEP + 1}, "
+                                     f"not {ST}")
     PAIRS = (KC - 1) // 2                 # in_flight=1: chunk pairs in the K loop before the peeled tail
     em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128, stages=(ST,),
                             arch=arch)
@@ -216,7 +221,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     c_map_t = TmaTile((M, N), dtype, (BT, 64))                                  # one box per consumer
     X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
     NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
-    RED_BYTES = 128 * NACC * 4 if KS else 0
+    RED_BYTES = (NC - 1) * 128 * NACC * 4 if KS else 0
     smem = ST * (X_BYTES + W_BYTES + S_BYTES) + RG * c_map_t.box_bytes + RED_BYTES + 16 * ST + 2048
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}) or "
@@ -323,7 +328,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         Ws = pool.alloc((ST, NB, 32, WPC), "int32", align=w_map_t.smem_alignment)
         Ss = pool.alloc((ST, NB, 16), dtype, align=s_map_t.smem_alignment)
         Cs = pool.alloc((RG, BT, 64), dtype, align=c_map_t.smem_alignment)
-        Red = pool.alloc((NACC if KS else 1, 128), "float32", align=128)      # consumer 1's sums (k_split)
+        Red = pool.alloc((NC - 1 if KS else 1, NACC if KS else 1, 128), "float32", align=128)  # k_split: the sums
+        # of consumers 1 .. NC - 1
         bars = ring.alloc(pool)  # noqa: F841
         pool.commit()
         ring.init(T.And(wg == 0, tid == 0))
@@ -391,16 +397,18 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                               lane, g, q, True)
                 em.pin_accumulators(acc)
                 if KS:
-                    # consumer 1 hands its sums to consumer 0 (thread for thread: the same accumulator layout); the
-                    # first barrier also keeps consumer 1 from overwriting Red before consumer 0 read the last tile's
-                    T.ptx.bar.sync(T.uint32(3), T.uint32(256))
-                    if c == 1:
+                    # consumers 1 .. NC - 1 hand their sums to consumer 0 (thread for thread: the same accumulator
+                    # layout); the first barrier also keeps them from overwriting Red before consumer 0 read the last
+                    # tile's
+                    T.ptx.bar.sync(T.uint32(3), T.uint32(128 * NC))
+                    if c > 0:
                         for i in T.unroll(NACC):
-                            Red[i, tid] = acc[i]
-                    T.ptx.bar.sync(T.uint32(4), T.uint32(256))
+                            Red[c - 1, i, tid] = acc[i]
+                    T.ptx.bar.sync(T.uint32(4), T.uint32(128 * NC))
                     if c == 0:
                         for i in T.unroll(NACC):
-                            acc[i] = acc[i] + Red[i, tid]
+                            for o in T.unroll(NC - 1):
+                                acc[i] = acc[i] + Red[o, i, tid]
                         epilogue(Cs, c_map, acc, tm, tn, 0, tid)
                 else:
                     epilogue(Cs, c_map, acc, tm, tn, c, tid)
