@@ -14,7 +14,7 @@ from mmaemit.kernels.dequant_dispatch import prebuild  # noqa: E402
 
 def specs(args, arch):
     out = []
-    small = ["gemv8", "gemv16", "tiled64", "dense_mid", "dense"]
+    small = ["gemv8", "gemv16", "gemv32", "tiled64", "dense_mid", "dense"]
     if args.tests:
         for dt in ("float16", "bfloat16"):
             out.append(dict(N=4096, K=4096, dtype=dt, arch=arch))

@@ -76,10 +76,10 @@ def test_symbolic_m_signature_binds_m_from_a():
     assert str(f.params[0].ty.shape[0] if hasattr(f.params[0], "ty") else "m")  # the PrimFunc builds
     k = mmaemit.compile(make_dequant_gemv(None, 256, 1024, m_max=8, arch="sm_90a")[0], target="sm_90a")
     assert "A: float16(m, 1024)" in k.signature() and "C: float16(m, 256)" in k.signature()
-    with pytest.raises(TileShapeError, match="exceeds this path's limit of 16"):
-        make_dequant_gemv(None, 256, 1024, m_max=32)
-    with pytest.raises(TileShapeError, match="1 <= M <= 16"):
-        make_dequant_gemv(17, 256, 1024)
+    with pytest.raises(TileShapeError, match="exceeds this path's limit of 32"):
+        make_dequant_gemv(None, 256, 1024, m_max=48)
+    with pytest.raises(TileShapeError, match="1 <= M <= 32"):
+        make_dequant_gemv(33, 256, 1024)
 
 
 @pytest.mark.parametrize("fmt, dtype, zeros_mode", [("int4", torch.float16, None), ("int4", torch.bfloat16, None),
@@ -116,7 +116,7 @@ def _hopper():
 def _dispatcher(large_m=90):
     _, _, kw = _weights()
     return DequantGemm(N, K, interpret=True, large_m=large_m, wide_m=100, arch="sm_90a", fused=False,
-                       configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER,
+                       configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "gemv32": SMALL_GEMV, "hopper": SMALL_HOPPER,
                                 "hopper_mid": SMALL_HOPPER_MID}, **kw)
 
 
@@ -158,14 +158,15 @@ def test_dispatcher_with_quantized_zeros_gptq_style(M):
 
 def test_dispatcher_plan():
     dg = _dispatcher()
-    assert [(p, lo, hi) for p, lo, hi in dg.ranges] == [("gemv8", 1, 8), ("gemv16", 9, 16), ("tiled64", 17, 64),
+    assert [(p, lo, hi) for p, lo, hi in dg.ranges] == [("gemv8", 1, 8), ("gemv16", 9, 16), ("gemv32", 17, 32),
+                                                        ("tiled64", 33, 64),
                                                         ("tiled128", 65, 89), ("dense_mid", 90, 99),
                                                         ("dense", 100, None)]
     assert [dg.path_for(m) for m in (1, 8, 9, 17, 64, 65, 89, 90, 99, 100, 4096)] == [
-        "gemv8", "gemv8", "gemv16", "tiled64", "tiled64", "tiled128", "tiled128", "dense_mid", "dense_mid", "dense",
+        "gemv8", "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "tiled128", "dense_mid", "dense_mid", "dense",
         "dense"]
     _, _, kw = _weights()
-    plain = DequantGemm(N, K, arch="sm_80", **kw)            # no Hopper: the tiled path serves every M above 16
+    plain = DequantGemm(N, K, arch="sm_80", **kw)            # no Hopper: the tiled path serves every M above 32
     assert plain.ranges[-1] == ("tiled128", 65, None) and plain.large_m is None
     assert DequantGemm(8192, 8192, arch="sm_90a", fused=False).ranges[-2:] == [("dense_mid", LARGE_M, WIDE_M - 1),
                                                                                ("dense", WIDE_M, None)]
@@ -174,7 +175,7 @@ def test_dispatcher_plan():
         ("fused128x2", 129, 511),
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
     zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original")
-    assert [r[0] for r in zeros.ranges] == ["gemv8", "gemv16", "dense_mid", "dense"]   # no fused path for zeros
+    assert [r[0] for r in zeros.ranges] == ["gemv8", "gemv16", "gemv32", "dense_mid", "dense"]   # no fused path
     with pytest.raises(UnsupportedConfigError, match="zero points"):
         DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original", fused=True)
     with pytest.raises(UnsupportedConfigError, match="sm_90a"):
@@ -182,11 +183,11 @@ def test_dispatcher_plan():
     assert DequantGemm(8192, 8192, arch="sm_90a", fused=True).ranges == DequantGemm(8192, 8192, arch="sm_90a").ranges
     narrow = DequantGemm(64, 1024, arch="sm_90a", large_m=256, wide_m=256, interpret=True, fused=False,
                          **kw)   # N=64
-    assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "tiled64", "dense"]
-    assert narrow.ranges[2] == ("tiled64", 17, 255)
+    assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "gemv32", "tiled64", "dense"]
+    assert narrow.ranges[3] == ("tiled64", 33, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
-        "gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense", "fused32", "fused64", "fused128", "fused128x2",
-        "fused256", "wgmma"]
+        "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense", "fused32", "fused64", "fused128",
+        "fused128x2", "fused256", "wgmma"]
     # N = 64: the two-consumer fused tiles (128 weight rows) do not fit; the one-consumer ones take their range
     assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused32",
                                                                                 "fused64", "fused128", "dense"]
@@ -261,3 +262,25 @@ def test_dispatcher_calls_are_cuda_graph_capturable():
         ref = A.float() @ dense.float().T
         assert not torch.isnan(C).any(), M
         assert ((C.float() - ref).norm() / ref.norm()).item() < 3e-3, M
+
+
+def test_gemv32_path_by_name_on_the_interpreter():
+    """The extra ``gemv32`` path (two m16 tiles per warp) runs by name on the interpreter for M in 17 .. 32 and
+    refuses M > 32."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    N, K = 128, 512
+    dg = DequantGemm(N, K, 128, "float16", arch="sm_90a", interpret=True,
+                     configs={"gemv32": GemvConfig(n_blocks=1, k_slices=2, stages=3)})
+    assert "gemv32" in dg.runnable_paths() and "gemv32" not in [p for p, _, _ in dg.ranges]   # fused32 serves 17-32
+    w = torch.randn(N, K, dtype=torch.float16)
+    qw = D.quantize(w, D.QuantScheme("int4", group_size=128))
+    ts, _ = kernel_arguments(qw)
+    for M in (17, 32):
+        A = torch.randn(M, K, dtype=torch.float16)
+        out = torch.full((M, N), float("nan"), dtype=torch.float16)
+        dg.run_path("gemv32", A, *ts, out=out)
+        ref = A.double() @ qw.dequantize().double().T
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+    with pytest.raises(ArgumentError, match="gemv32 serves M <= 32"):
+        dg.run_path("gemv32", torch.randn(33, K, dtype=torch.float16), *ts)

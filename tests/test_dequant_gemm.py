@@ -53,6 +53,24 @@ def test_gemv_on_the_interpreter(M, group, dtype):
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
 
 
+@pytest.mark.parametrize("M, m_max, dtype, config", [
+    (32, 32, torch.float16, GemvConfig(n_blocks=2, k_slices=2, stages=3)),
+    (17, 32, torch.bfloat16, GemvConfig(n_blocks=1, k_slices=2, stages=2)),
+    (5, 32, torch.float16, GemvConfig(n_blocks=2, k_slices=2, stages=3)),
+    (24, None, torch.float16, GemvConfig(n_blocks=1, k_slices=2, stages=3))])
+def test_gemv_two_m16_tiles_on_the_interpreter(M, m_max, dtype, config):
+    """m_max up to 32: each lane holds rows g + 8 r of both m16 tiles and every decoded weight fragment feeds two
+    mma; ragged rows (17, 24, 5 of 32) are never loaded or stored; symbolic and static M."""
+    N, K = 128, 512
+    (A, Wk, S), ref = _problem(M, N, K, 64 if M % 2 else 128, dtype=dtype)
+    func, _ = make_dequant_gemv(None if m_max else M, N, K, 64 if M % 2 else 128, dtype=str(dtype)[6:],
+                                config=config, arch="sm_90a", m_max=m_max)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(func, A, Wk, S, C, arch="sm_90a").ok
+    rel = ((C.double() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
+
+
 def test_gemv_sass_streams_weights_with_16_byte_cp_async():
     M, N, K = 1, 8192, 8192
     func, em = make_dequant_gemv(M, N, K, 128, arch="sm_90a")
@@ -66,8 +84,10 @@ def test_gemv_sass_streams_weights_with_16_byte_cp_async():
 
 
 def test_gemv_rejects_bad_shapes():
-    with pytest.raises(TileShapeError, match="1 <= M <= 16"):
-        make_dequant_gemv(17, 256, 1024)
+    with pytest.raises(TileShapeError, match="1 <= M <= 32"):
+        make_dequant_gemv(33, 256, 1024)
+    with pytest.raises(TileShapeError, match="limit of 32"):
+        make_dequant_gemv(None, 256, 1024, m_max=64)
     with pytest.raises(TileShapeError, match="multiple of 16"):
         make_dequant_gemv(1, 200, 1024)
     with pytest.raises(TileShapeError, match="group_size"):
@@ -75,7 +95,8 @@ def test_gemv_rejects_bad_shapes():
 
 
 GEMV_GPU_CONFIGS = [GemvConfig(), GemvConfig(n_blocks=4, k_slices=16, stages=3, min_blocks_per_sm=1),
-                    GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1), GemvConfig(decode_variant="marlin")]
+                    GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1), GemvConfig(decode_variant="marlin"),
+                    GemvConfig(n_blocks=1, k_slices=8, stages=4)]
 
 
 def _rotate(*axes, rotated):

@@ -138,6 +138,24 @@ def test_gemv_every_bit_width_on_the_interpreter(fmt, mode, dtype):
     assert _rel(C, ref) < _TOL[dtype]
 
 
+@pytest.mark.parametrize("fmt, mode, dtype, M", [("int8", None, torch.float16, 32), ("uint2", "original", torch.float16, 19),
+                                              ("uint4", "quantized", torch.bfloat16, 25), ("int1", None, torch.float16, 17),
+                                              ("float8_e4m3fn", None, torch.bfloat16, 30)])
+def test_gemv32_every_bit_width_on_the_interpreter(fmt, mode, dtype, M):
+    """The gemv32 path's kernel (symbolic M, m_max=32, two m16 tiles per warp) for 8-, 2-, 1-bit and zero-point
+    formats: the stash of 2 / 1-bit words and decode-time zeros with both tiles fed from one decode."""
+    from mmaemit.kernels.dequant_gemm import GemvConfig, make_dequant_gemv
+
+    N, K = 64, 512
+    args, kw, ref = _problem(fmt, mode, M, N, K, 128, dtype, seed=M)
+    func, _ = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], config=GemvConfig(n_blocks=1, k_slices=2, stages=3),
+                                arch="sm_90a", m_max=32, **kw)
+    C = torch.full((M, N), float("nan"), dtype=dtype)
+    report = mmaemit.interpret(func, *args, C, arch="sm_90a")
+    assert report.ok, report.summary()
+    assert _rel(C, ref) < _TOL[dtype]
+
+
 @pytest.mark.parametrize("fmt, mode, dtype", _CASES + [("float8_e5m2", None, torch.float16),
                                                       ("int2_ob", None, torch.float16),
                                                       ("uint1", "original", torch.float16)])
@@ -208,3 +226,23 @@ def test_every_bit_width_on_gpu(fmt, mode, dtype, M):
     C = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
     kernel(*args, C)
     assert _rel(C, ref) < _TOL[dtype], (fmt, mode, M)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, mode", _GPU_CASES)
+def test_gemv32_every_bit_width_on_gpu(fmt, mode):
+    """DequantGemm's gemv32 path (M = 17 .. 32 for formats without a fused Hopper path): one symbolic-M kernel, ragged
+    and full M, poisoned outputs."""
+    from mmaemit.arch import device_arch
+    from mmaemit.kernels.dequant_gemm import GemvConfig, make_dequant_gemv
+
+    N, K = 256, 1024
+    kernel = None
+    for M in (17, 32):
+        args, kw, ref = _problem(fmt, mode, M, N, K, 128, torch.float16, device="cuda", seed=M)
+        if kernel is None:
+            kernel = mmaemit.compile(make_dequant_gemv(None, N, K, config=GemvConfig(n_blocks=1),
+                                                       arch=device_arch().name, m_max=32, **kw)[0])
+        C = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+        kernel(*args, C)
+        assert _rel(C, ref) < _TOL[torch.float16], (fmt, mode, M)

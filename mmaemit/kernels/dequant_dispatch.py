@@ -29,7 +29,10 @@ path           M range (defaults)           kernel
 =============  ===========================  ====================================================================
 ``gemv8``      1 .. 8                       as above
 ``gemv16``     9 .. 16                      as above
-``tiled64``    17 .. 64 (without sm_90a)    :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
+``gemv32``     17 .. 32                     the GEMV with ``m_max=32``: two m16 tiles per warp, each decoded weight
+                                            fragment feeds both (``GemvConfig(n_blocks=1)``: 128 registers, no spills
+                                            for any format)
+``tiled64``    33 .. 64 (without sm_90a)    :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
 ``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles (``large_m`` > 65, or no sm_90a)
 ``dense_mid``  ``large_m`` .. ``wide_m`` - 1 the dense scratch + Hopper GEMM with 128 x 128 tiles (sm_90a; twice the
                                             CTAs of the wide tiles at small M)
@@ -41,7 +44,8 @@ An extra path, runnable by name (``run_path``, ``--all-paths``) but in no plan: 
 that fits the problem also runs by name.
 
 ``large_m`` (default :data:`LARGE_M`, from the H100 measurement in ``docs/perf-notes.md``) is where the two-kernel
-path starts in the second plan (``wide_m``, default :data:`WIDE_M`, where its GEMM switches to wide tiles); without sm_90a the tiled path serves every M above 16. Paths whose tiles do not divide N / K drop out
+path starts in the second plan (``wide_m``, default :data:`WIDE_M`, where its GEMM switches to wide tiles); without
+sm_90a the tiled path serves every M above 32. Paths whose tiles do not divide N / K drop out
 (the next path up takes their range). ``warmup()`` compiles every path; after it a call only checks the arguments and
 launches (no compile, no host synchronisation, outputs and the scratch from torch's caching allocator), so the calls
 can be captured in a CUDA graph. With ``interpret=True`` (or ``MMAEMIT_INTERPRET=1``) the same PrimFuncs run on the
@@ -65,12 +69,13 @@ __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
-#: GPUs without wgmma
-LARGE_M = 17
+#: GPUs without wgmma; below it ``gemv32`` (two m16 tiles per warp) serves M = 17 .. 32 (int4 at M=32 on the H100:
+#: 28.9 µs against 156 µs for dense_mid)
+LARGE_M = 33
 #: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles (128 x 128 won at M=256, lost at 1024)
 WIDE_M = 512
 #: path names of the plan without fused paths, smallest M first
-PATHS = ("gemv8", "gemv16", "tiled64", "tiled128", "dense_mid", "dense")
+PATHS = ("gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense")
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
 #: int4 decoded into RS wgmma) at four tile shapes, with the first M each serves on sm_90a (int4 without zero points;
 #: from the tile study on the H100, docs/perf-notes.md, 2026-11-26): they replace tiled64 .. dense_mid there
@@ -82,7 +87,8 @@ FUSED_DENSE_M = 4096
 #: runnable by name (``run_path``, ``--all-paths``), in no plan: the register-decode Hopper kernel of
 #: :mod:`mmaemit.kernels.dequant_gemm_wgmma` (symbolic M)
 EXTRA_PATHS = ("wgmma",)
-_DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "tiled64": TiledConfig(64, 64, 32, 32, 4),
+_DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig(n_blocks=1),
+             "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
              "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4),
              "fused32": HopperDequantConfig(block_m=32, consumers=2, stages=8, k_split=True),
@@ -161,7 +167,7 @@ class DequantGemm:
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
         if path in FUSED_PATHS:
             rows = 64 if cfg.k_split else 64 * cfg.consumers
-            return (N % rows == 0 and K % (128 if cfg.k_split else 64) == 0
+            return (N % rows == 0 and K % (64 * cfg.consumers if cfg.k_split else 64) == 0
                     and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None)
         return True
 
@@ -190,7 +196,7 @@ class DequantGemm:
             paths = [p for p in ("gemv8", "gemv16") + FUSED_PATHS + ("dense",)
                      if self._fits(p) and start[p] < self.dense_m or p == "dense"]
             return self._spans(paths, start)
-        start = {"gemv8": 1, "gemv16": 9, "tiled64": 17, "tiled128": 65, "dense_mid": self.large_m,
+        start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
         paths = [p for p in PATHS if start[p] is not None and self._fits(p)]
         if self.large_m is not None:
@@ -226,7 +232,7 @@ class DequantGemm:
         N, K, G, dt, arch = self.N, self.K, self.group_size, self.dtype, self.arch
         cfg = self.configs.get(path)
         if path.startswith("gemv"):
-            return (make_dequant_gemv(None, N, K, G, dt, cfg, arch, m_max=8 if path == "gemv8" else 16, **kw)[0],)
+            return (make_dequant_gemv(None, N, K, G, dt, cfg, arch, m_max=int(path[4:]), **kw)[0],)
         if path.startswith("tiled"):
             return (make_dequant_gemm_tiled(None, N, K, G, dt, cfg, arch, **kw)[0],)
         if path == "wgmma":
@@ -289,8 +295,8 @@ class DequantGemm:
         if path not in runnable:
             raise UnsupportedConfigError(f"path {path!r} cannot run this problem here; valid: {choices(runnable)}")
         M = A.shape[0]
-        if path.startswith("gemv") and M > (8 if path == "gemv8" else 16):
-            raise ArgumentError(f"path {path} serves M <= {8 if path == 'gemv8' else 16}, not M={M}")
+        if path.startswith("gemv") and M > int(path[4:]):
+            raise ArgumentError(f"path {path} serves M <= {path[4:]}, not M={M}")
         if out is None:
             out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
         weights = (W, S) if Z is None else (W, S, Z)

@@ -37,6 +37,10 @@ from mmaemit.kernels.dequant_parts import (WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_
                                            grid_kernel, kernel_decode_program, pair_of_column, symbolic_m)
 
 
+#: largest M of the small-M path (m16 tiles per warp: ceil(m_max / 16), each decoded weight fragment feeds all of them)
+GEMV_M_LIMIT = 32
+
+
 class _WordPlan:
     """The decode-slice rule of :mod:`mmaemit.dequant.kernel_layout` for b-bit words: WPC = b words per lane, n16
     block and chunk, R = 16 / b registers per word. B-fragment register r (0..3) of k16 step s is chunk register
@@ -109,9 +113,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     dtype = canonical(dtype)
     if dtype not in ("float16", "bfloat16"):
         raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}")
-    if M is not None and (not isinstance(M, int) or not 1 <= M <= 16):
-        raise TileShapeError(f"the small-M path takes 1 <= M <= 16, not M={M}")
-    M, MMAX = symbolic_m(M, m_max, 16)
+    if M is not None and (not isinstance(M, int) or not 1 <= M <= GEMV_M_LIMIT):
+        raise TileShapeError(f"the small-M path takes 1 <= M <= {GEMV_M_LIMIT}, not M={M}")
+    M, MMAX = symbolic_m(M, 16 if M is None and m_max is None else m_max, GEMV_M_LIMIT)
     NB, KS = config.n_blocks, config.k_slices
     BN = 16 * NB
     G = K if group_size in (None, -1) else group_size
@@ -125,12 +129,12 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     if G % CHUNK or K % G:
         raise TileShapeError(f"group_size={group_size} must divide K and be a multiple of {CHUNK}")
     CH = K // CHUNK // KS
+    MT = -(-MMAX // 16)                  # m16 tiles per warp: each decoded B fragment feeds MT mma
     em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1, block_col_warps=1,
-                                 warp_row_tiles=16, warp_col_tiles=BN, chunk=16, n_tile=16, arch=arch)
-    TWO_ROWS = MMAX > 8
+                                 warp_row_tiles=16 * MT, warp_col_tiles=BN, chunk=16, n_tile=16, arch=arch)
     THREADS = 32 * KS
     GC = G // CHUNK                      # chunks per scale group
-    ROWS = 2 if TWO_ROWS else 1          # A rows a lane holds: g (and g + 8 when M > 8)
+    ROWS = 1 if MMAX <= 8 else 2 * MT    # A rows a lane holds: g + 8 r (row r of tile r // 2, its half r % 2)
     MINB = config.min_blocks_per_sm
     OUT_ITERS = (MMAX * BN + THREADS - 1) // THREADS
 
@@ -162,7 +166,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         Part = pool.alloc((KS, MMAX, BN), "float32", align=128)           # partial sums (after the ring is drained)
         pool.commit()
         A_frag, B_frag, C_frag = em.alloc_fragments()
-        P_frag = T.alloc_local((1, NB, em.local_size_c), "float32")    # this group's unscaled partial sums
+        P_frag = T.alloc_local((MT, NB, em.local_size_c), "float32")   # this group's unscaled partial sums
         em.fill_accumulators(C_frag)
         em.fill_accumulators(P_frag)
         wb = T.alloc_local((NB, WPC), "uint32")
@@ -172,8 +176,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         zreg = T.alloc_local((NB, 2), "uint32")
         for q in T.unroll(16 * ROWS):
             ab[q // (8 * ROWS), q // 8 % ROWS, q % 8] = T.uint32(0)
-        for q in T.unroll(4):
-            A_frag[0, q] = T.uint32(0)
+        for q in T.unroll(4 * MT):
+            A_frag[q // 4, q % 4] = T.uint32(0)
         tid = T.meta_var(warp * 32 + lane)
         g = T.meta_var(lane // 4)
         c = T.meta_var(lane % 4)
@@ -185,10 +189,12 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 for p in T.unroll(P):
                     if V == 4:
                         T.ptx["cp.async.cg.shared.global"](Ring.ptr_to([j % ST, nb, p, tid, 0]),
-                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane, 4 * p]), 16)
+                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane,
+                                                                     4 * p]), 16)
                     else:
                         T.ptx["cp.async.ca.shared.global"](Ring.ptr_to([j % ST, nb, p, tid, 0]),
-                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane, 0]), 4 * V)
+                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane,
+                                                                     0]), 4 * V)
 
         @T.inline
         def load_a(buf, j):
@@ -229,9 +235,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                         T.ptx["ld.global.nc.v2.b32"](zreg[nb, 0], zreg[nb, 1],
                                                      Z.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]))
             for s in T.unroll(4):
-                for r in T.unroll(ROWS):
-                    A_frag[0, r] = ab[buf, r, 2 * s]
-                    A_frag[0, 2 + r] = ab[buf, r, 2 * s + 1]
+                for r in T.unroll(ROWS):                # row g + 8 r: tile r // 2, fragment rows g / g + 8 (r % 2)
+                    A_frag[r // 2, r % 2] = ab[buf, r, 2 * s]
+                    A_frag[r // 2, 2 + r % 2] = ab[buf, r, 2 * s + 1]
                 for nb in T.unroll(NB):
                     if STASHED:                    # 2 / 1-bit: a word spans 2 / 4 steps
                         if s % plan.steps_per_word == 0:
@@ -246,11 +252,13 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 else:
                     em.mma(A_frag, B_frag, C_frag)
             if POST_SCALE and (kc % GC == GC - 1 or j == CH - 1):   # group end in this slice: acc += s * partial
-                for nb in T.unroll(NB):
-                    for q in T.unroll(em.local_size_c):
-                        e = T.meta_var(em.c_layout.forward(lane, q % 4, 0)[1] % 2)
-                        C_frag[0, nb, q] = C_frag[0, nb, q] + scale_to_f32(sreg[nb, q // 4], e) * P_frag[0, nb, q]
-                        P_frag[0, nb, q] = T.float32(0)
+                for mt in T.unroll(MT):
+                    for nb in T.unroll(NB):
+                        for q in T.unroll(em.local_size_c):
+                            e = T.meta_var(em.c_layout.forward(lane, q % 4, 0)[1] % 2)
+                            C_frag[mt, nb, q] = (C_frag[mt, nb, q]
+                                                 + scale_to_f32(sreg[nb, q // 4], e) * P_frag[mt, nb, q])
+                            P_frag[mt, nb, q] = T.float32(0)
 
         for j in T.unroll(ST - 1):
             if j < CH:
@@ -265,11 +273,12 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             compute(1, 2 * jj + 1)
         T.ptx["cp.async.wait_group"](0)
         T.cuda.cta_sync()                          # the ring is drained everywhere before Part overwrites it
-        for j in T.unroll(em.warp_cols):
-            for r in T.unroll(em.local_size_c):
-                rc = T.meta_var(em.c_layout.forward(lane, r % 4, 0))
-                if rc[0] < M:
-                    Part[warp, rc[0], j * 16 + r // 4 * 8 + rc[1]] = C_frag[0, j, r]
+        for mt in T.unroll(MT):
+            for j in T.unroll(em.warp_cols):
+                for r in T.unroll(em.local_size_c):
+                    rc = T.meta_var(em.c_layout.forward(lane, r % 4, 0))
+                    if 16 * mt + rc[0] < M:
+                        Part[warp, 16 * mt + rc[0], j * 16 + r // 4 * 8 + rc[1]] = C_frag[mt, j, r]
         T.cuda.cta_sync()
         for t in T.unroll(OUT_ITERS):
             o = T.meta_var(tid + t * THREADS)
