@@ -219,8 +219,8 @@ class TmaLayoutError(KernelFault):
 
 
 class RegisterBudgetError(KernelFault):
-    """``setmaxnreg`` asks for more registers than the CTA's 64K can hold (a request that can never be granted), or an
-    illegal count / direction."""
+    """``setmaxnreg`` asks for more registers than the CTA was given at launch (threads x the launch cap: a request
+    that can never be granted, it hangs on the GPU), or an illegal count / direction."""
 
     kind = "register_budget"
 

@@ -10,9 +10,11 @@
   complete is a deadlock. (``test_wait`` is non-blocking in PTX; here it also waits, which is what its spin loops do.)
 * ``setmaxnreg``: per-warpgroup register counts. A warpgroup that has not executed one holds the kernel's own
   count, which only ptxas knows: it is taken as the launch cap (64K / threads, a multiple of 8, at most 256) for the
-  budget and not checked against the direction of the first ``.inc`` / ``.dec``. ``.inc`` blocks until the CTA's 64K
-  registers can hold every warpgroup's count (registers come back only through ``.dec``, not when warps exit); a
-  request that can never be granted is a ``register_budget`` error.
+  budget and not checked against the direction of the first ``.inc`` / ``.dec``. ``.inc`` blocks until the CTA's
+  launch allocation (threads x that cap, not the 64K file: measured on the H100, 640 threads with a 96-register cap
+  hung on ``.inc`` to 1 x 40 + 4 x 112 = 62464 registers, within 64K) can hold every warpgroup's count (registers
+  come back only through ``.dec``, not when warps exit); a request that can never be granted is a ``register_budget``
+  error.
 * ``elect.sync`` elects the lowest active lane of each warp (``mmaemit.ptx.control``).
 """
 from __future__ import annotations
@@ -55,6 +57,7 @@ class RegisterBudget:
     def __init__(self, T):
         self.threads = [min(WARPGROUP, T - g * WARPGROUP) for g in range(-(-T // WARPGROUP))]
         self.cap = launch_register_cap(T)
+        self.allocation = sum(self.threads) * self.cap     # what the CTA holds from launch: .inc takes nothing more
         self.count = [None] * len(self.threads)          # None: the kernel's count, not known (taken as the cap)
 
     def used(self, st, override=None):
@@ -308,11 +311,12 @@ def _setmaxnreg(kp, ops, mod, site):
                 continue
             if action == "inc":
                 def ready(g=g):
-                    return budget.used(st, (g, n)) <= REGISTERS_PER_CTA
+                    return budget.used(st, (g, n)) <= budget.allocation
 
                 def describe(g=g):
                     return (f"{what} by warpgroup {g}: the CTA would hold {budget.used(st, (g, n))} registers, over "
-                            f"its {REGISTERS_PER_CTA} ({budget.describe(st, g, n)})")
+                            f"its {budget.allocation} (its launch allocation, {sum(budget.threads)} threads x "
+                            f"{budget.cap}; the file has {REGISTERS_PER_CTA}) ({budget.describe(st, g, n)})")
                 if not block(st, "setmaxnreg", ready, describe, site):
                     continue
             budget.count[g] = n
