@@ -1,7 +1,9 @@
 """Llama-3-8B-shaped blocks with int4 g128 QuantLinear vs the fp16 modules, same run (needs a GPU).
 
 MLP: gate / up 4096 -> 14336, SiLU gating, down 14336 -> 4096. Attention projections: q / o 4096 -> 4096,
-k / v 4096 -> 1024 (GQA, 8 KV heads). Random weights (std 0.02), quantized round-to-nearest int4 with group 128
+k / v 4096 -> 1024 (GQA, 8 KV heads). ``mlp_merged`` / ``attn_merged``: the same weights with gate / up and q / k / v
+stacked into one layer on both sides (``QuantLinear`` of the stacked fp16 weight, equal to ``QuantLinear.concat`` of
+the parts: per-row quantization; the fp16 side one ``nn.Linear``), as serving stacks deploy them. Random weights (std 0.02), quantized round-to-nearest int4 with group 128
 (``QuantLinear.from_linear``). Correctness first, at every M: the quantized block against (a) the same block on the
 exactly dequantized weights in fp32 (the kernels' own error: tight) and (b) the fp16 module (quantization error
 included: reported; random std-0.02 weights in int4 RTN g128 lose ~10 % per layer, ~21 % through the gated MLP,
@@ -55,6 +57,35 @@ class Attn(torch.nn.Module):
         return torch.cat([self.o(self.q(x)), self.k(x), self.v(x)], dim=-1)
 
 
+class MLPMerged(torch.nn.Module):
+    def __init__(self, gate_up, down):
+        super().__init__()
+        self.gate_up, self.down = gate_up, down
+
+    def forward(self, x):
+        g, u = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(g) * u)
+
+
+class AttnMerged(torch.nn.Module):
+    def __init__(self, qkv, o):
+        super().__init__()
+        self.qkv, self.o = qkv, o
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split([HIDDEN, KV, KV], dim=-1)
+        return torch.cat([self.o(q), k, v], dim=-1)
+
+
+def stacked(*lins):
+    """One nn.Linear whose weight is the parts' weights stacked (same input)."""
+    w = torch.cat([m.weight.detach() for m in lins])
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    return lin
+
+
 def exact_twin(block, dtype):
     """The same block with every QuantLinear replaced by an fp32 nn.Linear on its exactly dequantized weights."""
     mods = {}
@@ -93,7 +124,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 16, 64, 256, 2048])
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    ap.add_argument("--blocks", nargs="+", default=["mlp", "attn"], choices=["mlp", "attn"])
+    ap.add_argument("--blocks", nargs="+", default=["mlp", "attn"],
+                    choices=["mlp", "attn", "mlp_merged", "attn_merged"])
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -105,6 +137,8 @@ def main(argv=None):
                      linear(INTER, HIDDEN, dtype, gen)),
           "attn": Attn(linear(HIDDEN, HIDDEN, dtype, gen), linear(HIDDEN, KV, dtype, gen),
                        linear(HIDDEN, KV, dtype, gen), linear(HIDDEN, HIDDEN, dtype, gen))}
+    fp["mlp_merged"] = MLPMerged(stacked(fp["mlp"].gate, fp["mlp"].up), fp["mlp"].down)
+    fp["attn_merged"] = AttnMerged(stacked(fp["attn"].q, fp["attn"].k, fp["attn"].v), fp["attn"].o)
     lines = header_lines(environment(), "python3 benchmarks/bench_mlp.py " + " ".join(argv or sys.argv[1:]))
     lines += ["", f"int4 g128 QuantLinear (mmaemit DequantGemm) vs the {args.dtype} module (cuBLAS via torch), "
               f"same run; µs = CUDA-event median of CUDA-graph replays of the whole block", "",

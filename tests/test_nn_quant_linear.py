@@ -116,6 +116,64 @@ def test_layer_rejects_wrong_dtype_and_features():
         QuantLinear.from_linear(nn_linear(256, 128, torch.float16), "int4", group_size=32)
 
 
+@pytest.mark.parametrize("scheme, dtype", [("int4", torch.float16), ("uint4", torch.bfloat16), ("int8", torch.float16)])
+def test_concat_is_the_layers_side_by_side(scheme, dtype):
+    """concat([q, k, v]): one layer whose output is the parts' outputs side by side (bias missing on one part:
+    zeros there), exactly the parts' dequantized weights stacked; on the interpreter through the dequant kernels."""
+    torch.manual_seed(1)
+    parts = [QuantLinear.from_linear(nn_linear(512, n, dtype, bias=n != 32), scheme) for n in (128, 32, 64)]
+    qkv = QuantLinear.concat(parts)
+    assert qkv.out_splits == (128, 32, 64) and qkv.out_features == 224 and "concat of [128, 32, 64]" in repr(qkv)
+    assert torch.equal(qkv.dequantized_weight(), torch.cat([m.dequantized_weight() for m in parts]))
+    x = torch.randn(3, 5, 512).to(dtype)
+    ys = qkv(x).split(qkv.out_splits, -1)
+    for y, m in zip(ys, parts):
+        assert torch.equal(y, m(x))             # the reference op computes each part the same way
+    bias = torch.cat([m.bias if m.bias is not None else torch.zeros(32, dtype=dtype) for m in parts]).float()
+    _check_layer(qkv, qkv.dequantized_weight(), bias, dtype)
+    nested = QuantLinear.concat([qkv, parts[0]])
+    assert nested.out_splits == (128, 32, 64, 128)
+
+
+def test_concat_on_the_interpreter(monkeypatch):
+    parts = [QuantLinear.from_linear(nn_linear(512, n, torch.float16), "int4") for n in (64, 64)]
+    gate_up = QuantLinear.concat(parts)
+    monkeypatch.setenv("MMAEMIT_INTERPRET", "1")
+    _check_layer(gate_up, gate_up.dequantized_weight(), gate_up.bias.float(), lead=(3,))
+
+
+def test_concat_refuses_layers_that_do_not_share_an_input():
+    a = QuantLinear.from_linear(nn_linear(256, 64, torch.float16), "int4")
+    with pytest.raises(ArgumentError, match="one in_features"):
+        QuantLinear.concat([a, QuantLinear.from_linear(nn_linear(512, 64, torch.float16), "int4")])
+    with pytest.raises(ArgumentError, match="one weight_format"):
+        QuantLinear.concat([a, QuantLinear.from_linear(nn_linear(256, 64, torch.float16), "int8")])
+    with pytest.raises(ArgumentError, match="one group_size"):
+        QuantLinear.concat([a, QuantLinear.from_linear(nn_linear(256, 64, torch.float16), "int4", group_size=64)])
+    with pytest.raises(ArgumentError, match="one dtype"):
+        QuantLinear.concat([a, QuantLinear.from_linear(nn_linear(256, 64, torch.bfloat16), "int4")])
+    with pytest.raises(ArgumentError, match="non-empty list of QuantLinear"):
+        QuantLinear.concat([a, nn_linear(256, 64, torch.float16)])
+    with pytest.raises(ArgumentError, match="non-empty list"):
+        QuantLinear.concat([])
+
+
+def test_concat_of_act_order_layers(tmp_path):
+    """GPTQ act-order parts: one permutation shared (the same g_idx) concatenates; different ones are refused."""
+    path, w, b = _gptq_file(tmp_path, N=128, K=512, act_order=True, bias=True, seed=3)
+    g1 = QuantLinear.from_gptq_safetensors(path, "layer")
+    g2 = QuantLinear.from_gptq_safetensors(path, "layer")
+    both = QuantLinear.concat([g1, g2])
+    _check_layer(both, torch.cat([w, w]), torch.cat([b, b]).float())
+    path2, _, _ = _gptq_file(tmp_path, N=128, K=512, act_order=True, seed=4)
+    other = QuantLinear.from_gptq_safetensors(path2, "layer")
+    assert not torch.equal(other.perm, g1.perm)
+    with pytest.raises(ArgumentError, match="act-order permutation"):
+        QuantLinear.concat([g1, other])
+    with pytest.raises(ArgumentError, match="act-order permutation"):
+        QuantLinear.concat([g1, QuantLinear.from_linear(nn_linear(512, 64, torch.float16), "uint4")])
+
+
 # ---------------------------------------------------------------- GPTQ / AWQ checkpoints
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("act_order", [False, True])

@@ -8,6 +8,12 @@ act-order weights (a ``g_idx`` that is not ``k // group_size``) are permuted alo
 contiguous, and the layer permutes the activations' K axis the same way (one ``index_select`` per call).
 
 ``forward(x)``: x [..., K] in the layer's dtype (float16 or bfloat16), any leading dims; y [..., N] (+ bias).
+
+``QuantLinear.concat([q, k, v])`` stacks layers that read the same input (same K, format, group, zero-point mode,
+dtype, device and act-order permutation) into one layer whose N is the sum (the kernel layout is blocked by 16
+output rows, so the buffers concatenate as they are): one kernel launch instead of several, and a grid the GPU can
+fill where a single small projection (e.g. k / v 4096 -> 1024 at M=1) cannot. ``out_splits`` records the parts:
+``q, k, v = layer(x).split(layer.out_splits, -1)``.
 """
 from __future__ import annotations
 
@@ -98,6 +104,8 @@ class QuantLinear(nn.Module):
         self.dtype = dtype
         for name in ("qweight", "scales", "zeros", "bias", "perm"):
             self.register_buffer(name, None)
+        #: output features of the layers ``concat`` stacked, in order (one entry for a layer built otherwise)
+        self.out_splits = (self.out_features,)
 
     # -------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -209,6 +217,41 @@ class QuantLinear(nn.Module):
         qw = from_awq(qweight.to(dev), qzeros.to(dev), scales.to(dev), bits=bits, group_size=G if G != K else -1)
         return cls.from_quantized(qw, bias, dtype=dtype, device=dev)
 
+    @classmethod
+    def concat(cls, layers) -> "QuantLinear":
+        """One layer computing ``torch.cat([l(x) for l in layers], -1)`` in one launch (see the module doc). Every
+        layer must share in_features, weight_format, group_size, zeros_mode, dtype, device and act-order
+        permutation; a missing bias counts as zeros where another layer has one. ``out_splits`` of the result lists
+        each part's out_features."""
+        layers = list(layers)
+        if not layers or not all(isinstance(m, QuantLinear) for m in layers):
+            raise ArgumentError(f"concat takes a non-empty list of QuantLinear layers, got "
+                                f"{[type(m).__name__ for m in layers]}")
+        first = layers[0]
+        for attr in ("in_features", "weight_format", "group_size", "zeros_mode", "dtype"):
+            vals = [getattr(m, attr) for m in layers]
+            if any(v != vals[0] for v in vals):
+                raise ArgumentError(f"concat needs layers with one {attr}; got {vals}")
+        devices = {m.qweight.device for m in layers}
+        if len(devices) > 1:
+            raise ArgumentError(f"concat needs layers on one device; got {sorted(map(str, devices))}")
+        perms = [m.perm for m in layers]
+        if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
+            raise ArgumentError("concat needs one act-order permutation for all layers (the activations are permuted "
+                                "once per call); these layers' g_idx orders differ")
+        out = cls(first.in_features, sum(m.out_features for m in layers), group_size=first.group_size,
+                  weight_format=first.weight_format, zeros_mode=first.zeros_mode, dtype=first.dtype)
+        out.qweight = torch.cat([m.qweight for m in layers]).contiguous()
+        out.scales = torch.cat([m.scales for m in layers]).contiguous()
+        out.zeros = None if first.zeros is None else torch.cat([m.zeros for m in layers]).contiguous()
+        if any(m.bias is not None for m in layers):
+            out.bias = torch.cat([m.bias if m.bias is not None else
+                                  torch.zeros(m.out_features, dtype=first.dtype, device=first.qweight.device)
+                                  for m in layers]).contiguous()
+        out.perm = perms[0]
+        out.out_splits = tuple(n for m in layers for n in m.out_splits)
+        return out
+
     @staticmethod
     def _bias(ck, prefix, N):
         kb = f"{prefix}.bias" if prefix else "bias"
@@ -254,6 +297,7 @@ class QuantLinear(nn.Module):
         return w
 
     def extra_repr(self):
-        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.weight_format} "
+        parts = "" if len(self.out_splits) == 1 else f" (concat of {list(self.out_splits)})"
+        return (f"in_features={self.in_features}, out_features={self.out_features}{parts}, {self.weight_format} "
                 f"g{self.group_size}, zeros={self.zeros_mode}, dtype={_DTYPES[self.dtype]}, "
                 f"bias={self.bias is not None}, act_order={self.perm is not None}")
