@@ -136,13 +136,15 @@ def _int4_weights(n, k):
 
 @case
 def dequant_tiled_paths():
-    """The symbolic-M mma.sync tiled paths (what serves M > 16 without wgmma) at ragged M."""
+    """The symbolic-M mma.sync paths of the plan without fused kernels (what serves M > 16 for other formats and
+    without wgmma) at ragged M: gemv32 (two m16 tiles per warp), tiled64, tiled128."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
 
     tensors, kw, w = _int4_weights(512, 1024)
-    dg = DequantGemm(512, 1024, arch="sm_90a", large_m=1000, **kw)
+    dg = DequantGemm(512, 1024, arch="sm_90a", large_m=1000, fused=False, **kw)
+    assert [dg.path_for(m) for m in (20, 33, 100)] == ["gemv32", "tiled64", "tiled128"]
     ok = True
-    for M in (33, 100):                                 # tiled64, tiled128
+    for M in (20, 33, 100):                             # gemv32, tiled64, tiled128
         x = torch.randn(M, 1024, device="cuda").half()
         ok &= _rel(dg(x, *tensors), x.double() @ w.T) < 3e-3
     return bool(ok)
@@ -156,7 +158,7 @@ def dequant_every_path():
     q = QuantLinear.from_linear(lin, "int4", group_size=128).warmup()
     w = q.dequantized_weight().double().cuda()
     ok = True
-    for M in (1, 12, 40, 100, 300, 600, 2100):   # gemv8, gemv16, fused64, fused128, fused128x2, fused256, dense
+    for M in (1, 12, 40, 100, 300, 600, 4100):   # gemv8, gemv16, fused64, fused128, fused128x2, fused256, dense
         x = torch.randn(M, 1024, device="cuda").half()
         y = q(x)
         ref = x.double() @ w.T + lin.bias.double()
