@@ -189,12 +189,10 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 for p in T.unroll(P):
                     if V == 4:
                         T.ptx["cp.async.cg.shared.global"](Ring.ptr_to([j % ST, nb, p, tid, 0]),
-                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane,
-                                                                     4 * p]), 16)
+                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane, 4 * p]), 16)
                     else:
                         T.ptx["cp.async.ca.shared.global"](Ring.ptr_to([j % ST, nb, p, tid, 0]),
-                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane,
-                                                                     0]), 4 * V)
+                                                           W.ptr_to([cta * NB + nb, warp * CH + j, lane, 0]), 4 * V)
 
         @T.inline
         def load_a(buf, j):

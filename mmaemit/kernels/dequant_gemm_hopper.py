@@ -66,13 +66,12 @@ class HopperDequantConfig:
     run, retired after kt is issued; 0 = retire each chunk's wgmmas before the next decode (one buffer).
     ``k_split`` (``consumers`` 2 or 4, K a multiple of 64 x consumers): all consumer warpgroups work on the same 64
     weight rows, consumer c on the chunks kt = c (mod consumers), and their fp32 sums meet in shared memory before
-    the store: 2 or 4 warps per scheduler instead of one where a warp's per-chunk instruction latency bounds the
-    kernel (small M: ~140 dependent instructions per chunk). 4 consumers need ``consumer_regs`` <= 112 with
+    the store: 2 or 4 warps per scheduler instead of one (measured on the H100 at M <= 128: 2 consumers 3-7 %
+    faster than one, 4 no faster than 2; ``docs/perf-notes.md``). 4 consumers need ``consumer_regs`` <= 112 with
     ``producer_regs=24`` (640 threads start with 96 registers each) and so ``block_m`` <= 96.
     ``producers`` (1 or 2): threads of the producer warpgroup (lane 0 of warps 0 and 1) that issue the loads, each
     every ``producers``-th chunk (its own stages; ``stages`` a multiple of ``producers``): per chunk a producer waits
-    on an mbarrier, arms one and issues three TMA copies.
-"""
+    on an mbarrier, arms one and issues three TMA copies."""
 
     block_m: int = 128
     consumers: int = 2
