@@ -1,5 +1,5 @@
-"""The merged blocks of ``benchmarks/bench_mlp.py`` compute what the separate ones do (CPU, QuantLinear's reference
-op): gate / up stacked with ``QuantLinear.concat`` and split back by ``chunk``."""
+"""Pieces of the benchmark scripts that can be checked without a GPU: ``bench_mlp``'s merged blocks compute what the
+separate ones do (QuantLinear's reference op); ``wgmma_rs_rate``'s kernel runs clean on the interpreter."""
 import os
 import sys
 
@@ -10,6 +10,7 @@ from mmaemit.nn import QuantLinear
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_mlp  # noqa: E402
+import wgmma_rs_rate  # noqa: E402
 
 
 def test_merged_mlp_equals_the_separate_mlp():
@@ -23,3 +24,15 @@ def test_merged_mlp_equals_the_separate_mlp():
     # the stacked fp16 linear quantizes to the concat of the parts (per-row groups)
     stacked = QuantLinear.from_linear(bench_mlp.stacked(lins[0], lins[1]), "int4")
     assert torch.equal(stacked.dequantized_weight(), merged.gate_up.dequantized_weight())
+
+
+def test_wgmma_rs_rate_kernel_on_the_interpreter():
+    """The RS wgmma rate kernel (fence, 4 RS wgmmas, commit, wait_group 1 per chunk; a zeroed B tile) on 2 CTAs of
+    2 warpgroups, 3 chunks: no fault, and the zero B gives zero sums."""
+    import numpy as np
+
+    import mmaemit
+
+    out = np.full(2 * 2 * 128, np.nan, np.float32)
+    report = mmaemit.interpret(wgmma_rs_rate.make_kernel(16, 2, 3, sms=2), out, arch="sm_90a")
+    assert report.ok and np.array_equal(out, np.zeros_like(out))
