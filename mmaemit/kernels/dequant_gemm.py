@@ -4,8 +4,9 @@ Shapes: A [M, K], W [N, K] (packed), C [M, N].
 
 Weights: b-bit codes (b in 1, 2, 4, 8; every per-element format of ``WEIGHT_FORMATS``) with a per-(n, group) scale,
 packed once by :func:`mmaemit.dequant.kernel_layout.to_kernel_layout` (mma B-fragment order, a K permutation inside
-each 64-wide chunk, WPC = b words = 4 b bytes per lane per n16 block and chunk). Small-M path (M <= 16) per CTA:
-``k_slices`` warps each own a K slice of the same ``16 * n_blocks`` output columns.
+each 64-wide chunk, WPC = b words = 4 b bytes per lane per n16 block and chunk). Small-M path (M <= 32, ``m_max``)
+per CTA: ``k_slices`` warps each own a K slice of the same ``16 * n_blocks`` output columns; a warp holds
+ceil(m_max / 16) m16 tiles (two above 16 rows), and each decoded weight fragment feeds the mma of every tile.
 
 * weights: per lane, n16 block and 64-wide K chunk, 4 b bytes by ``cp.async`` (16-byte ``cp.async.cg`` pieces for
   b >= 4, one 8- / 4-byte ``cp.async.ca`` for b = 2 / 1) into a ``stages``-deep per-thread ring in shared memory
@@ -103,7 +104,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     dtype, same layout as S), "quantized" W = (q - z) s with integer zero codes z (int16, same layout). Without zeros
     the scale is applied to the fp32 partial sums after the mma; with zeros the decode applies scale and zero to the
     weights (``decode_program`` modes). ``M=None``: a symbolic M (:func:`symbolic_m`), one kernel for every
-    1 <= M <= ``m_max`` (default 16; rows >= M are never read or written).
+    1 <= M <= ``m_max`` (default 16, at most 32 = ``GEMV_M_LIMIT``; rows >= M are never read or written). Above 16
+    rows each lane holds 4 activation rows per chunk: ``GemvConfig(n_blocks=1)`` keeps every format within 128
+    registers (int4 with ``n_blocks=2``, ``min_blocks_per_sm=1``: 170; ``kernel.resource_usage()`` shows spills).
     """
     from tvm.script import tirx as T
 
