@@ -23,7 +23,7 @@ def _fast_cases():
             archs = {need, "sm_90"} if d == "bfloat16" else {need}   # bf16 add/sub: fma below sm_90, native on it
             for a in sorted(archs):
                 out.append((f, d, m, a, "shift"))
-            if get_format(f).bits == 4 and d == "float16" and get_format(f).kind != "float":
+            if get_format(f).bits == 4 and d == "float16" and get_format(f).kind in ("int", "uint"):
                 out.append((f, d, m, need, "marlin"))
     return out
 

@@ -81,7 +81,7 @@ def _fast_programs(dtype, arch):
             continue
         for m in D.fast_modes(f, d, arch):
             progs.append(D.decode_program(f, d, m, arch))
-            if get_format(f).bits == 4 and d == "float16" and get_format(f).kind != "float":
+            if get_format(f).bits == 4 and d == "float16" and get_format(f).kind in ("int", "uint"):
                 progs.append(D.decode_program(f, d, m, arch, variant="marlin"))
     return progs
 
@@ -267,7 +267,7 @@ def test_warp_decode_into_fragments_reproduces_the_dequantized_weight(fmt, dtype
     b reg) slot, whose (k, n) the PTX B map (mma_fragment) gives. The rebuilt weight equals dequantize bit for bit."""
     group = 16
     scheme = QuantScheme(fmt, None if mode == "none" else group, None if mode in ("none", "scale") else mode)
-    em = DequantBEmitter(scheme, dtype, fast=(fmt, dtype) in D.FAST_DECODE)
+    em = DequantBEmitter(scheme, dtype, fast=mode in D.FAST_DECODE.get((fmt, dtype), {}))
     f = get_format(fmt)
     rng = np.random.default_rng(7)
     n, k = 2 * em.block_n, 2 * em.block_k

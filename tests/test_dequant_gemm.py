@@ -233,7 +233,7 @@ def test_uint4_zero_modes_on_gpu(mode, dtype, twice, M, group):
 
 @pytest.mark.parametrize("fmt, M, dtype", [("nf4", 1, torch.float16), ("float4_e2m1fn", 5, torch.float16),
                                           ("float4_e2m1fn", 2, torch.bfloat16), ("nf4", 48, torch.bfloat16),
-                                          ("float4_e2m1fn", 64, torch.float16)])
+                                          ("nf4", 9, torch.bfloat16), ("float4_e2m1fn", 64, torch.float16)])
 def test_float4_formats_on_the_interpreter(fmt, M, dtype):
     N, K = 128, 512
     (A, Wk, S), ref = _problem(M, N, K, 128, dtype=dtype, fmt=fmt)

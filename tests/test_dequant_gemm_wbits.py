@@ -42,7 +42,8 @@ def test_kernel_layout_refuses_a_word_count_that_is_not_the_bit_width():
 
 @pytest.mark.parametrize("fmt, dtype, fast", [("uint8", "float16", True), ("int8", "bfloat16", False),
                                               ("float8_e4m3fn", "float16", True), ("int4", "float16", True),
-                                              ("nf4", "bfloat16", False), ("int2", "float16", True),
+                                              ("nf4", "bfloat16", False), ("nf4", "bfloat16", True),
+                                              ("nf4", "float16", True), ("int2", "float16", True),
                                               ("uint2", "bfloat16", False), ("int1", "float16", True),
                                               ("uint1", "bfloat16", True)])
 def test_decode_slices_are_the_mma_b_fragments(fmt, dtype, fast):

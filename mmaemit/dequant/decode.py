@@ -37,6 +37,11 @@ scale FMA), plus three table / hardware paths:
   scale pair is converted once per group with ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
 * float8_e4m3fn -> f16: ``cvt.rn.f16x2.e4m3x2`` (sm_89+; exact, NaN kept).
 * float8_e5m2 -> f16: ``prmt`` of the byte into the high byte of each half (f16 == e5m2 << 8).
+* nf4 -> f16 / bf16, mode "none" (what the GEMV uses: its scales multiply the fp32 partial sums): a 16-entry LUT of
+  the once-rounded table values from two byte planes. Per pair of output registers, ``prmt`` looks the low and the
+  high bytes up in 8-byte tables (codes 0-7 and 8-15, the code's low three bits as selectors), one ``prmt`` per
+  plane picks table a or b per byte by code bit 3, and two ``prmt`` pair low with high bytes: 24 ops per word
+  against 164 for the reference converter, the same bits.
 
 Reference converter (``fast=False``, every format, every mode, f16 and bf16, sm_80+): per element, extract the field
 (``bfe.u32``), build its exact float32 value (integer ``cvt``; exponent-field placement and one exact power-of-two
@@ -47,8 +52,8 @@ in float32 (every non-integer format, "original", "rescale") are rounded to odd 
 subtracts ``w - Z`` in float32 (exact whenever ``w - Z`` fits 24 bits, e.g. integer GPTQ zeros; the float64 reference
 has the same caveat).
 
-Formats with the reference path only, and why: nf4 (a scaled 24-bit table value must round once; an f16 table times
-the scale double-rounds), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16 pair; no one-byte bf16 LUT),
+Formats with the reference path only, and why: nf4 with a scale or zeros (a scaled 24-bit table value must round
+once; the rounded table times the scale would round twice), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16 pair; no one-byte bf16 LUT),
 float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers (8-bit codes overflow the 7
 mantissa bits of 0x4300), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its byte is the high byte of an
 f16, not of a bf16) and e2m1 (its bf16 images do not share a zero low byte, so no one-byte prmt LUT).
@@ -84,6 +89,8 @@ def _fast_table() -> dict:
     t[("float4_e2m1fn", "float16")] = {"none": "sm_80", "scale": "sm_80"}
     t[("float8_e4m3fn", "float16")] = {"none": cvt_e4m3, "scale": cvt_e4m3}
     t[("nvfp4", "float16")] = {"scale": cvt_e4m3}     # its e4m3 scale pair goes through the cvt
+    for d in ("float16", "bfloat16"):                  # the rounded table itself: exact without a scale only
+        t[("nf4", d)] = {"none": "sm_80"}
     return t
 
 
@@ -281,6 +288,19 @@ def _e2m1_table_bytes() -> tuple:
     return (sum(v << (8 * j) for j, v in enumerate(hb[:4])), sum(v << (8 * j) for j, v in enumerate(hb[4:])))
 
 
+def _nf4_table_planes(dtype: str) -> tuple:
+    """(low bytes of codes 0-7, of 8-15, high bytes of 0-7, of 8-15), each as two u32 (4 bytes each, code order) of
+    the f16 / bf16 images of the NF4 values, each rounded once from its float32 (what the reference converter's
+    cvt.rn gives in mode "none")."""
+    halves = [_half_bits(float(np.float32(v)), dtype) for v in NF4_TABLE]
+
+    def plane(codes, shift):
+        by = [(halves[c] >> shift) & 0xFF for c in codes]
+        return (sum(v << (8 * j) for j, v in enumerate(by[:4])), sum(v << (8 * j) for j, v in enumerate(by[4:])))
+
+    return plane(range(8), 0), plane(range(8, 16), 0), plane(range(8), 8), plane(range(8, 16), 8)
+
+
 def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: str, nreg: int):
     ar = _HalfArith(b, dtype, arch)
     bits = fmt.bits
@@ -312,6 +332,21 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
         lo, hi = b.op("mov.b32", "w")
         for i, h in enumerate((lo, hi)):
             b.op("cvt.rn.f16x2.e4m3x2", h, dst=out[i])
+    elif fmt.name == "nf4":
+        # 16-entry LUT of 16-bit values from two byte planes: prmt looks up 8-entry byte tables with the code's low
+        # three bits (codes 0-7 and 8-15 separately), a third prmt picks per byte by code bit 3, a fourth pairs low
+        # and high bytes into the two halves of an output register
+        lo_a, lo_b, hi_a, hi_b = _nf4_table_planes(dtype)
+        t = b.op("prmt.b32", "w", "w", 0x3120)          # nibbles (n0, n1, n4, n5 | n2, n3, n6, n7)
+        for s_, regs in ((t, (0, 1)), (b.op("shr.b32", t, 16), (2, 3))):
+            idx = b.op("lop3.b32", s_, 0x7777, 0, _AND)                      # low three bits: byte selectors
+            pick = b.op("lop3.b32", b.op("shr.b32", s_, 1), 0x4444, 0x3210, _AND_OR)   # byte k from a or b (+4)
+            lo = b.op("prmt.b32", b.op("prmt.b32", lo_a[0], lo_a[1], idx), b.op("prmt.b32", lo_b[0], lo_b[1], idx),
+                      pick)
+            hi = b.op("prmt.b32", b.op("prmt.b32", hi_a[0], hi_a[1], idx), b.op("prmt.b32", hi_b[0], hi_b[1], idx),
+                      pick)
+            b.op("prmt.b32", lo, hi, 0x6240, dst=out[regs[0]])               # (n0, n4) / (n2, n6)
+            b.op("prmt.b32", lo, hi, 0x7351, dst=out[regs[1]])               # (n1, n5) / (n3, n7)
     elif fmt.name in ("float4_e2m1fn", "nvfp4"):
         t_lo, t_hi = _e2m1_table_bytes()
         t = b.op("prmt.b32", "w", "w", 0x3120)          # bytes (e0|e2, e1|e3, e4|e6, e5|e7)
@@ -347,7 +382,7 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
     # finish: exact integer value (no scale involved), then the mode
     neg_zero = _const2(0x8000)
     for i, o in enumerate(out):
-        if fmt.kind == "float":
+        if fmt.kind in ("float", "lut"):
             pass
         elif marlin and i % 2:      # o = 1024 + 16q: (o / 16) - 64 (- 8 signed, - z quantized), exact
             sixteenth = _const2(_half_bits(1 / 16, dtype))
@@ -787,7 +822,7 @@ def decode_program(fmt, out_dtype="float16", mode="none", arch="sm_80", fast=Tru
             raise ArchError(f"the fast decode of {fmt.name} -> {dtype} needs {table[mode]} or newer "
                             f"({isa.FEATURES['cvt.e4m3x2'].ptx}); target is {a.name}; use fast=False for the "
                             f"reference converter")
-        if variant == "marlin" and (fmt.bits != 4 or dtype != "float16" or fmt.kind == "float"):
+        if variant == "marlin" and (fmt.bits != 4 or dtype != "float16" or fmt.kind not in ("int", "uint")):
             raise UnsupportedConfigError("the marlin variant exists for 4-bit integer formats -> float16 only; "
                                          "valid formats: uint4, int4, int4_ob")
         _build_fast(b, fmt, dtype, mode, a, variant, nreg)
