@@ -3,15 +3,16 @@
 whatever the consumer count, at N = block_m = 8 .. 64).
 
 Every CTA (one per SM) runs ``wgs`` warpgroups; each issues ``iters`` times the 4 k16 steps of one 64-wide chunk
-(``wgmma.fence``, 4 RS wgmmas into one accumulator, commit, ``wait_group 1``), the A registers constant and B a
-zeroed shared tile: the tensor-core work of the fused kernel's consumers without loads or decode. Reported: ns per
+(``wgmma.fence``, 4 RS wgmmas into one accumulator, commit, ``wait_group 1``), the A registers and the shared B tile
+all ones: the tensor-core work of the fused kernel's consumers without loads or decode. Reported: ns per
 chunk per SM and cycles per wgmma per SM (at the SM clock read from the GPU). Prediction (the open hypothesis): at
 N <= 64 the cycles per wgmma barely depend on N and 4 of them take ~250 cycles, the ablated kernel's floor; if
 instead they scale with N, the tensor pipe is not what holds the fused kernel at M <= 64.
 
     PYTHONPATH=. python3 benchmarks/wgmma_rs_rate.py [--ns 8 16 32 64 128 256] [--wgs 1 2 4] [--iters 4096]
 
-The accumulator is stored once at the end only to keep the work alive (its value is not checked).
+Every accumulator ends at 64 x iters (64 products of ones per chunk, exact in fp32); each thread stores its first
+one, which keeps the work alive and lets the script check the result.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def make_kernel(n, wgs, iters, sms=132, dtype="float16"):
                              data=Bs.data, scope="shared.dyn")
         for i in T.serial((em.b_shared_shape[1] * em.b_shared_shape[2] + wgs * 128 - 1) // (wgs * 128)):
             if i * wgs * 128 + wg * 128 + tid < em.b_shared_shape[1] * em.b_shared_shape[2]:
-                flat[i * wgs * 128 + wg * 128 + tid] = T.Cast(dtype, 0)
+                flat[i * wgs * 128 + wg * 128 + tid] = T.Cast(dtype, 1)
         T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
         acc = T.alloc_local((NACC,), "float32")
@@ -95,6 +96,9 @@ def main(argv=None):
             k = mmaemit.compile(make_kernel(n, wgs, args.iters, sms), target="sm_90a")
             out = torch.empty(sms * wgs * 128, device="cuda")
             t = median_time(lambda: k(out), warmup=3, reps=10)
+            if not bool((out == 64 * args.iters).all()):
+                print(f"N={n} wgs={wgs}: wrong sums (expected {64 * args.iters}): {out.unique()[:4].tolist()}")
+                return 1
             chunks = args.iters * wgs                    # per SM
             ns = t * 1e9 / chunks
             print(f"| {n} | {wgs} | {ns:.1f} | {ns * clock_ghz / 4:.1f} |", flush=True)

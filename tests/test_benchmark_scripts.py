@@ -27,12 +27,12 @@ def test_merged_mlp_equals_the_separate_mlp():
 
 
 def test_wgmma_rs_rate_kernel_on_the_interpreter():
-    """The RS wgmma rate kernel (fence, 4 RS wgmmas, commit, wait_group 1 per chunk; a zeroed B tile) on 2 CTAs of
-    2 warpgroups, 3 chunks: no fault, and the zero B gives zero sums."""
+    """The RS wgmma rate kernel (fence, 4 RS wgmmas, commit, wait_group 1 per chunk; A and B all ones) on 2 CTAs of
+    2 warpgroups, 3 chunks: no fault, and every stored sum is 64 products per chunk x 3 chunks."""
     import numpy as np
 
     import mmaemit
 
     out = np.full(2 * 2 * 128, np.nan, np.float32)
     report = mmaemit.interpret(wgmma_rs_rate.make_kernel(16, 2, 3, sms=2), out, arch="sm_90a")
-    assert report.ok and np.array_equal(out, np.zeros_like(out))
+    assert report.ok and np.array_equal(out, np.full_like(out, 64 * 3))
