@@ -3,13 +3,13 @@
 MLP: gate / up 4096 -> 14336, SiLU gating, down 14336 -> 4096. Attention projections: q / o 4096 -> 4096,
 k / v 4096 -> 1024 (GQA, 8 KV heads). ``mlp_merged`` / ``attn_merged``: the same weights with gate / up and q / k / v
 stacked into one layer on both sides (``QuantLinear`` of the stacked fp16 weight, equal to ``QuantLinear.concat`` of
-the parts: per-row quantization; the fp16 side one ``nn.Linear``), as serving stacks deploy them. Random weights (std 0.02), quantized round-to-nearest int4 with group 128
-(``QuantLinear.from_linear``). Correctness first, at every M: the quantized block against (a) the same block on the
-exactly dequantized weights in fp32 (the kernels' own error: tight) and (b) the fp16 module (quantization error
-included: reported; random std-0.02 weights in int4 RTN g128 lose ~10 % per layer, ~21 % through the gated MLP,
-so that check only catches gross errors, at 0.3). Then both blocks are captured in CUDA graphs and timed by CUDA-event medians of the replays
-(``mmaemit.runtime.timing.median_time``; GPU time without Python overhead; the blocks' weights exceed the 50 MB L2,
-so no rotation).
+the parts: per-row quantization; the fp16 side one ``nn.Linear``), as serving stacks deploy them. Random weights
+(std 0.02), quantized round-to-nearest int4 with group 128 (``QuantLinear.from_linear``). Correctness first, at every
+M: the quantized block against (a) the same block on the exactly dequantized weights in fp32 (the kernels' own error:
+tight) and (b) the fp16 module (quantization error included: reported; random std-0.02 weights in int4 RTN g128 lose
+~10 % per layer, ~21 % through the gated MLP, so that check only catches gross errors, at 0.3). Then both blocks are
+captured in CUDA graphs and timed by CUDA-event medians of the replays (``mmaemit.runtime.timing.median_time``; GPU
+time without Python overhead; the blocks' weights exceed the 50 MB L2, so no rotation).
 
     PYTHONPATH=. python3 benchmarks/bench_mlp.py [--ms 1 16 64 256 2048] [--dtype float16] [--out bench-results]
 """

@@ -53,10 +53,11 @@ subtracts ``w - Z`` in float32 (exact whenever ``w - Z`` fits 24 bits, e.g. inte
 has the same caveat).
 
 Formats with the reference path only, and why: nf4 with a scale or zeros (a scaled 24-bit table value must round
-once; the rounded table times the scale would round twice), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16 pair; no one-byte bf16 LUT),
-float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers (8-bit codes overflow the 7
-mantissa bits of 0x4300), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its byte is the high byte of an
-f16, not of a bf16) and e2m1 (its bf16 images do not share a zero low byte, so no one-byte prmt LUT).
+once; the rounded table times the scale would round twice), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16
+pair; no one-byte bf16 LUT), float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers
+(8-bit codes overflow the 7 mantissa bits of 0x4300), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its
+byte is the high byte of an f16, not of a bf16) and e2m1 (its bf16 images do not share a zero low byte, so no
+one-byte prmt LUT).
 """
 from __future__ import annotations
 
@@ -278,14 +279,19 @@ class _HalfArith:
 
 
 # ------------------------------------------------------------------------------------------------- fast programs
+def _table_words(byte_values) -> tuple:
+    """An 8-byte prmt table (entry j = byte j) as its two source registers (low word, high word)."""
+    by = list(byte_values)
+    return sum(v << (8 * j) for j, v in enumerate(by[:4])), sum(v << (8 * j) for j, v in enumerate(by[4:]))
+
+
 def _e2m1_table_bytes() -> tuple:
     """(low word, high word) of the 8-byte prmt table: high byte of the f16 of E2M1 magnitude code 0..7."""
     vals = get_format("float4_e2m1fn").table[:8]
     bits = [_half_bits(v, "float16") for v in vals]
     if any(x & 0xFF for x in bits):
         raise AssertionError("an E2M1 magnitude has a nonzero f16 low byte; the one-byte LUT would be wrong")
-    hb = [x >> 8 for x in bits]
-    return (sum(v << (8 * j) for j, v in enumerate(hb[:4])), sum(v << (8 * j) for j, v in enumerate(hb[4:])))
+    return _table_words(x >> 8 for x in bits)
 
 
 def _nf4_table_planes(dtype: str) -> tuple:
@@ -295,8 +301,7 @@ def _nf4_table_planes(dtype: str) -> tuple:
     halves = [_half_bits(float(np.float32(v)), dtype) for v in NF4_TABLE]
 
     def plane(codes, shift):
-        by = [(halves[c] >> shift) & 0xFF for c in codes]
-        return (sum(v << (8 * j) for j, v in enumerate(by[:4])), sum(v << (8 * j) for j, v in enumerate(by[4:])))
+        return _table_words((halves[c] >> shift) & 0xFF for c in codes)
 
     return plane(range(8), 0), plane(range(8, 16), 0), plane(range(8), 8), plane(range(8, 16), 8)
 

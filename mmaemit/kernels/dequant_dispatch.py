@@ -203,12 +203,13 @@ class DequantGemm:
             paths = [p for p in paths if p.startswith("dense") or start[p] < self.large_m]
             if self.wide_m == self.large_m:
                 paths.remove("dense_mid")
+        served = paths[-1][4:] if paths and paths[-1].startswith("gemv") else "0"   # the largest GEMV's m_max
         if not any(p.startswith("tiled") or p == "dense" for p in paths):
-            raise TileShapeError(f"no dequant path serves M > 16 for N={self.N}, K={self.K}: the tiled path needs "
-                                 f"N a multiple of block_n ({self.configs['tiled64'].block_n} or "
+            raise TileShapeError(f"no dequant path serves M > {served} for N={self.N}, K={self.K}: the tiled path "
+                                 f"needs N a multiple of block_n ({self.configs['tiled64'].block_n} or "
                                  f"{self.configs['tiled128'].block_n})")
         if paths[-1].startswith("gemv"):
-            raise TileShapeError(f"no dequant path serves M > 16 for N={self.N}, K={self.K}")
+            raise TileShapeError(f"no dequant path serves M > {served} for N={self.N}, K={self.K}")
         return self._spans(paths, start)
 
     def runnable_paths(self) -> list:

@@ -241,13 +241,13 @@ class QuantLinear(nn.Module):
                                 "once per call); these layers' g_idx orders differ")
         out = cls(first.in_features, sum(m.out_features for m in layers), group_size=first.group_size,
                   weight_format=first.weight_format, zeros_mode=first.zeros_mode, dtype=first.dtype)
-        out.qweight = torch.cat([m.qweight for m in layers]).contiguous()
-        out.scales = torch.cat([m.scales for m in layers]).contiguous()
-        out.zeros = None if first.zeros is None else torch.cat([m.zeros for m in layers]).contiguous()
+        out.qweight = torch.cat([m.qweight for m in layers])
+        out.scales = torch.cat([m.scales for m in layers])
+        out.zeros = None if first.zeros is None else torch.cat([m.zeros for m in layers])
         if any(m.bias is not None for m in layers):
             out.bias = torch.cat([m.bias if m.bias is not None else
                                   torch.zeros(m.out_features, dtype=first.dtype, device=first.qweight.device)
-                                  for m in layers]).contiguous()
+                                  for m in layers])
         out.perm = perms[0]
         out.out_splits = tuple(n for m in layers for n in m.out_splits)
         return out
