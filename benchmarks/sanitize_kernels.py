@@ -158,7 +158,8 @@ def dequant_every_path():
     q = QuantLinear.from_linear(lin, "int4", group_size=128).warmup()
     w = q.dequantized_weight().double().cuda()
     ok = True
-    for M in (1, 12, 40, 100, 300, 600, 4100):   # gemv8, gemv16, fused64, fused128, fused128x2, fused256, dense
+    # gemv8, gemv16, fused32, fused48, fused64, fused128, fused128x2, fused256, dense
+    for M in (1, 12, 20, 40, 50, 100, 300, 600, 4100):
         x = torch.randn(M, 1024, device="cuda").half()
         y = q(x)
         ref = x.double() @ w.T + lin.bias.double()
@@ -168,7 +169,7 @@ def dequant_every_path():
 
 @case
 def dequant_hopper_fused():
-    """The fused Hopper int4 dequant GEMM at its four tile shapes, each at a ragged M and out of its plan range."""
+    """The fused Hopper int4 dequant GEMM at each of its tile shapes, each at a ragged M and out of its plan range."""
     from mmaemit.kernels.dequant_dispatch import FUSED_PATHS, DequantGemm
 
     tensors, kw, w = _int4_weights(512, 1024)

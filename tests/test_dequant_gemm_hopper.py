@@ -106,7 +106,8 @@ def test_quad_word_plan_is_the_transpose_of_the_kernel_layout():
                                                  ("float16", "HGMMA.64x128x16.F32", 0)])
 def test_fused_hopper_sass(dtype, op, in_flight):
     """sm_90a SASS (nvcc only, no GPU): 4 HGMMA per chunk issued behind one warpgroup arrive per chunk (not
-    serialized; in_flight=1 unrolls the K loop by 2 and peels the last two chunks), TMA loads (2-D activations, 4-D packed words) and a TMA store,
+    serialized; in_flight=1 unrolls the K loop by 2 and peels the last two chunks), TMA loads (2-D activations,
+    3-D packed words in 512-byte rows and scales) and a TMA store,
     no spills or stack, no C7514 / C7508 in ptxas's log."""
     kt = 8192 // 64
     chunks = 2 + (kt - 2 * ((kt - 1) // 2)) if in_flight else 1     # the K loop's pair + the peeled last chunks
@@ -116,7 +117,8 @@ def test_fused_hopper_sass(dtype, op, in_flight):
     hist = k.opcode_histogram("sm_90a")
     assert hist.get(op, 0) == 4 * chunks, hist
     assert hist.get("WARPGROUP.ARRIVE", 0) == chunks, hist
-    assert hist.get("UTMALDG.2D", 0) == 1 and hist.get("UTMALDG.4D", 0) == 1 and hist.get("UTMALDG.3D", 0) == 1, hist
+    assert hist.get("UTMALDG.2D", 0) == 1 and hist.get("UTMALDG.3D", 0) == 2, hist     # activations; words, scales
+    assert not any(o.startswith("UTMAPF") for o in hist), hist                           # prefetch=0: none
     assert hist.get("UTMASTG.2D", 0) == 1 and hist.get("SHFL.BFLY", 0) == 4 * chunks, hist
     assert not any(o.startswith("LDGSTS") for o in hist), hist
     use = k.resource_usage("sm_90a")
@@ -157,6 +159,13 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(in_flight=2), **ok)
     with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
         make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
+    with pytest.raises(UnsupportedConfigError, match=r"chunks_per_stage=3; valid: 1, 2, 4"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(chunks_per_stage=3), **ok)
+    with pytest.raises(TileShapeError, match="chunks_per_stage=2 needs K a multiple of 128"):
+        make_dequant_gemm_hopper(64, 256, 576, config=HopperDequantConfig(chunks_per_stage=2), group_size=-1)
+    with pytest.raises(TileShapeError, match="multiple of 256 .stages of 2"):
+        make_dequant_gemm_hopper(64, 256, 640, config=HopperDequantConfig(chunks_per_stage=2, k_split=True),
+                                 group_size=-1)
     with pytest.raises(UnsupportedConfigError, match="producers"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(producers=3), **ok)
     with pytest.raises(UnsupportedConfigError, match="multiple of 2"):
@@ -181,20 +190,25 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 576, config=HopperDequantConfig(k_split=True), group_size=-1)
 
 
-@pytest.mark.parametrize("M, k, in_flight, sms, k_split, producers, consumers", [
-    (70, 512, 1, 1, True, 1, 2), (33, 640, 1, 2, True, 2, 2), (20, 512, 0, 1, True, 1, 2), (70, 576, 1, 1, False, 2, 2),
-    (40, 768, 1, 1, True, 1, 4), (17, 512, 1, 2, True, 2, 4), (5, 256, 0, 1, True, 1, 4)])
-def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, producers, consumers):
+@pytest.mark.parametrize("M, k, in_flight, sms, k_split, producers, consumers, cps", [
+    (70, 512, 1, 1, True, 1, 2, 1), (33, 640, 1, 2, True, 2, 2, 1), (20, 512, 0, 1, True, 1, 2, 2),
+    (70, 576, 1, 1, False, 2, 2, 1), (40, 768, 1, 1, True, 1, 4, 1), (17, 512, 1, 2, True, 2, 4, 2),
+    (5, 256, 0, 1, True, 1, 4, 1), (70, 512, 1, 1, True, 1, 2, 4), (40, 1024, 1, 2, True, 1, 2, 2),
+    (33, 768, 1, 1, False, 1, 2, 2), (21, 768, 1, 1, False, 1, 2, 2)])
+def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, producers, consumers, cps):
     """k_split: two consumer warpgroups on the same 64 weight rows, even / odd chunks, sums added through shared
     memory; one persistent CTA walks both N tiles (the hand-over buffer reused across tiles); K=640: 5 chunks per
     consumer (the single peeled tail chunk); in_flight 0 and 1. producers=2: two threads fill alternate stages (K=576:
     an odd chunk count, the producers issue 5 and 4). 4 consumers: chunks dealt round robin (K=768: 3 each, a pair
-    and the peeled tail; K=256: one each), three hand-overs through shared memory."""
-    args, kw, ref = _problem(M, 128, k, 128 if k == 512 else -1, torch.float16, seed=M)
+    and the peeled tail; K=256: one each), three hand-overs through shared memory. cps: chunks per ring stage (2 or
+    4; group 128 with 4: one scale box of two groups per stage; per-column scales: one box; group 192 with 2: one
+    scale box per chunk), with and without k_split."""
+    group = 128 if k == 512 else (192 if M == 21 else -1)
+    args, kw, ref = _problem(M, 128, k, group, torch.float16, seed=M)
     cfg = HopperDequantConfig(block_m=32, consumers=consumers, k_split=k_split,
                               stages=2 + 2 * producers if consumers == 2 else 6, num_sms=sms,
                               consumer_regs=232 if consumers == 2 else 112, producer_regs=40 if consumers == 2 else 24,
-                              in_flight=in_flight, producers=producers)
+                              in_flight=in_flight, producers=producers, chunks_per_stage=cps)
     func, _ = make_dequant_gemm_hopper(None, 128, k, config=cfg, **kw)
     C = torch.full((M, 128), float("nan"), dtype=torch.float16)
     assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
@@ -204,7 +218,7 @@ def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, 
 def test_dispatcher_fused_path_by_name_outside_its_range():
     from mmaemit.kernels.dequant_dispatch import FUSED_PATHS, DequantGemm
 
-    M = 40
+    M = 56
     args, kw, ref = _problem(M, N, K, 128, torch.float16, seed=3)
     dg = DequantGemm(N, K, interpret=True, arch="sm_90a",
                      configs={"fused256": HopperDequantConfig(block_m=64, num_sms=2)}, **kw)

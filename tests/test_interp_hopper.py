@@ -358,9 +358,10 @@ def test_hardware_fault_is_the_measured_rule(dims, box, coords, store, words):
         assert words in msg and "H100" in msg and f"box {list(box)} at coordinates {list(coords)}" in msg, msg
 
 
-def _tile_store_kernel(coords, shape, box):
+def _tile_store_kernel(coords, shape, box, prefetch=None):
     """128 threads write X into a shared tile (generic stores, then fence.proxy.async), thread 0 stores it with
-    ``TmaTile.store`` at the constant ``coords`` (outermost first) into C."""
+    ``TmaTile.store`` at the constant ``coords`` (outermost first) into C (``prefetch``: thread 0 first asks L2 for
+    the box at those coordinates with ``TmaTile.prefetch``)."""
     from tvm.script import tirx as T
 
     from mmaemit.pipeline import TmaTile, bulk_commit, bulk_wait
@@ -381,6 +382,8 @@ def _tile_store_kernel(coords, shape, box):
             s[i * 128 + tx] = X[i * 128 + tx]
         T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
+        if prefetch is not None:
+            tile.prefetch(c_map, prefetch, pred=tx == 0)
         tile.store(c_map, coords, s.ptr_to([0]), pred=tx == 0)
         bulk_commit()
         bulk_wait(0, read=True)
@@ -403,6 +406,23 @@ def test_tma_tile_refuses_constant_coordinates_the_h100_rejects():
         _tile_store_kernel((96,), (128,), (64,))
     with pytest.raises(TileShapeError, match=r"TmaTile.load: a rank-1 TMA load .*coordinates \[60\]"):
         TmaTile((100,), "float16", (64,)).load(None, None, (60,), None)     # refused before any code
+
+
+def test_tma_prefetch_is_checked_and_leaves_memory_alone():
+    """``TmaTile.prefetch`` (an L2 hint): compiles to UTMAPF, runs on the interpreter without changing any result
+    (also partly outside the tensor, which the hardware ignores), and refuses the rank-1 coordinates a load refuses."""
+    from mmaemit.pipeline import TmaTile
+
+    X = np.random.default_rng(2).standard_normal(32 * 64).astype(np.float16)
+    for at in ((16, 0), (40, 0)):
+        C = np.full((48, 64), 9.0, np.float16)
+        func = _tile_store_kernel((16, 0), (48, 64), (32, 64), prefetch=at)
+        assert interpret(func, X, C).ok
+        assert np.array_equal(C[16:], X.reshape(32, 64)) and (C[:16] == 9).all()
+    hist = mmaemit.compile(func, target="sm_90a").opcode_histogram("sm_90a")
+    assert hist.get("UTMAPF.L2.2D", 0) == 1, hist
+    with pytest.raises(TileShapeError, match=r"TmaTile.prefetch: a rank-1 TMA load .*coordinates \[60\]"):
+        TmaTile((100,), "float16", (64,)).prefetch(None, (60,))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """TMA tensor copies bound to the machine: ``cp.async.bulk.tensor.{1..5}d`` loads (global -> shared, completing on an
-mbarrier) and stores (shared -> global, bulk async-groups), with the semantics of ``mmaemit.ptx.tma``.
+mbarrier) and stores (shared -> global, bulk async-groups), with the semantics of ``mmaemit.ptx.tma``; L2 prefetches
+(``cp.async.bulk.prefetch.tensor``) are checked (map, rank) and have no effect.
 
 Model. A load reads the global box when issued and writes it into shared memory right away, as the TMA agent of the
 mbarrier it signals (``sync_exec``): its ``complete_tx`` of the box's bytes counts toward that barrier's current
@@ -241,6 +242,30 @@ def _tensor_copy(kp, ops, mod, site):
                 _load(st, site, int(t), tm, c, int(smem_addr[i]), int(bars[i]), what)
             else:
                 _store(st, site, int(t), tm, c, int(smem_addr[i]), what)
+    return run
+
+
+@_family("cp_async_bulk_tensor_prefetch")
+def _tensor_prefetch(kp, ops, mod, site):
+    # an L2 hint with no effect on memory contents: checked like a load (a valid map of the copy's rank), then dropped
+    isa.require_feature("cp.async.bulk", kp.arch)
+    if mod.get("load_mode") not in (None, "", "tile"):
+        raise kp.unsupported(f"cp.async.bulk.prefetch.tensor .{mod['load_mode']} (the interpreter implements .tile)")
+    dim = int(mod["dim"][0])
+    what = f"cp.async.bulk.prefetch.tensor.{dim}d.L2.global.tile"
+    ftmap = ops.value("tmap")
+    fcoords = [kp.expr(n) for n in ops.nodes("coords")]
+
+    def run(st):
+        thr = active_threads(st)
+        if len(thr) == 0:
+            return
+        tmv = ftmap(st)
+        coords = np.stack([as_thread_vector(st, np.asarray(f(st), np.int64)) for f in fcoords], -1)[thr]
+        for i, t in enumerate(thr):
+            tm = _tensor_map(st, site, tmv, t, what)
+            if tm is not None and _check_rank(st, site, tm, [int(x) for x in coords[i]], t, what):
+                st.rec.count("tma.prefetch")
     return run
 
 

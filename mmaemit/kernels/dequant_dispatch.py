@@ -12,9 +12,10 @@ path            M range (defaults)    kernel
 ``fused32``     17 .. 32              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
                                       mbarrier ring, warp-specialized, int4 decoded into RS wgmma), 32 activation
                                       rows x 64 weight rows per tile, two consumer warpgroups splitting K
-                                      (``k_split``), 8 stages
-``fused64``     33 .. 64              the same, 64 activation rows
-``fused128``    65 .. 128             the same, 128 activation rows
+                                      (``k_split``), 8 stages of 4 chunks (fewer for K not a multiple of 512)
+``fused48``     33 .. 48              the same, 48 activation rows, 5 stages
+``fused64``     49 .. 64              the same, 64 activation rows, 4 stages
+``fused128``    65 .. 128             the same, 128 activation rows, 8 stages of one chunk
 ``fused128x2``  129 .. 511            128 x 128 tiles, two consumer warpgroups, 6 stages
 ``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 4 stages
 ``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
@@ -53,6 +54,7 @@ CPU interpreter instead (tests).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from mmaemit.dtypes import canonical
@@ -79,8 +81,8 @@ PATHS = ("gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
 #: int4 decoded into RS wgmma) at four tile shapes, with the first M each serves on sm_90a (int4 without zero points;
 #: from the tile study on the H100, docs/perf-notes.md, 2026-11-26): they replace tiled64 .. dense_mid there
-FUSED_PATHS = ("fused32", "fused64", "fused128", "fused128x2", "fused256")
-_FUSED_START = {"fused32": 17, "fused64": 33, "fused128": 65, "fused128x2": 129, "fused256": 512}
+FUSED_PATHS = ("fused32", "fused48", "fused64", "fused128", "fused128x2", "fused256")
+_FUSED_START = {"fused32": 17, "fused48": 33, "fused64": 49, "fused128": 65, "fused128x2": 129, "fused256": 512}
 #: with the fused paths, the first M of the two-kernel ``dense`` path (on the H100 at 8192 x 8192 the fused 256-row
 #: tiles won at M=2048, 416 vs 454 µs, and tied at 4096, 888 vs 874)
 FUSED_DENSE_M = 4096
@@ -91,11 +93,23 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
              "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4),
-             "fused32": HopperDequantConfig(block_m=32, consumers=2, stages=8, k_split=True),
-             "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=8, k_split=True),
+             "fused32": HopperDequantConfig(block_m=32, consumers=2, stages=8, k_split=True, chunks_per_stage=4),
+             "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=5, k_split=True, chunks_per_stage=4),
+             "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
              "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=8, k_split=True),
              "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=6),
              "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
+
+
+#: fallbacks of the default fused32 / fused48 / fused64 configs for K that their chunks per stage do not divide (K a multiple of
+#: 64 x chunks_per_stage x consumers with k_split): fewer chunks per stage, deeper rings (H100 measurements,
+#: ``docs/perf-notes.md``, "Fourth session")
+_FUSED_K_FALLBACKS = {"fused32": ((2, 8), (1, 8)), "fused48": ((2, 8), (1, 8)), "fused64": ((2, 6), (1, 8))}
+
+
+def _fused_k_step(cfg) -> int:
+    """The K multiple a fused config needs: 64-wide chunks x chunks per stage x consumers sharing the K loop."""
+    return 64 * cfg.chunks_per_stage * (cfg.consumers if cfg.k_split else 1)
 
 
 def _interpret_default() -> bool:
@@ -145,6 +159,16 @@ class DequantGemm:
             raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + extra)}, not "
                                          f"{sorted(unknown)}")
         self.configs = dict(_DEFAULTS, **(configs or {}))
+        for path, steps in _FUSED_K_FALLBACKS.items():
+            cfg = self.configs[path]
+            if path not in (configs or {}) and self.K % _fused_k_step(cfg):
+                # the default's stages of 4 chunks do not divide K: the largest fallback that does (else unchanged,
+                # and the path drops out of the plan in _fits)
+                for cps, stages in steps:
+                    alt = dataclasses.replace(cfg, chunks_per_stage=cps, stages=stages)
+                    if self.K % _fused_k_step(alt) == 0:
+                        self.configs[path] = alt
+                        break
         hopper = self.arch == "sm_90a"
         self.large_m = (LARGE_M if large_m is None else int(large_m)) if hopper else None
         self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None
@@ -167,7 +191,7 @@ class DequantGemm:
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
         if path in FUSED_PATHS:
             rows = 64 if cfg.k_split else 64 * cfg.consumers
-            return (N % rows == 0 and K % (64 * cfg.consumers if cfg.k_split else 64) == 0
+            return (N % rows == 0 and K % _fused_k_step(cfg) == 0
                     and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None)
         return True
 

@@ -221,7 +221,7 @@ class TmaTile:
             l2_promotion=L2_PROMOTIONS[self.l2_promotion], oob_fill=OOB_FILLS[self.oob_fill])))
         return tmap
 
-    def _coords(self, coords, *, store):
+    def _coords(self, coords, *, store, op=None):
         from tvm.script import tirx as T
 
         if len(coords) != self.rank:
@@ -229,7 +229,7 @@ class TmaTile:
         msg = hardware_fault([None if _symbolic(d) else d for d in self.global_shape], self.box,
                              [_constant(c) for c in coords], store=store, order="outermost first")
         if msg is not None:
-            raise TileShapeError(f"TmaTile.{'store' if store else 'load'}: {msg}")
+            raise TileShapeError(f"TmaTile.{op or ('store' if store else 'load')}: {msg}")
         return [T.Cast("int32", c) if not isinstance(c, int) else T.int32(c) for c in reversed(list(coords))]
 
     def load(self, smem_ptr, tmap, coords, barrier_ptr, *, multicast_mask=None, pred=None) -> None:
@@ -250,6 +250,17 @@ class TmaTile:
             args.append(T.Cast("uint16", multicast_mask) if not isinstance(multicast_mask, int)
                         else T.uint16(multicast_mask))
         emit(T.ptx[name](*args, **({} if pred is None else {"pred": pred})))
+
+    def prefetch(self, tmap, coords, *, pred=None) -> None:
+        """Emit one box prefetch into L2 (``cp.async.bulk.prefetch.tensor``): the global box at ``coords`` starts
+        moving towards L2 and nothing waits for it; a later :meth:`load` of the same box then finds it there. For a
+        stream from DRAM whose shared-memory ring is too shallow to keep enough bytes in flight. Out-of-bounds
+        parts are ignored. ``pred``: the issuing thread(s)."""
+        from tvm.script import tirx as T
+
+        at = self._coords(coords, store=False, op="prefetch")
+        emit(T.ptx[f"cp.async.bulk.prefetch.tensor.{self.rank}d.L2.global.tile"](
+            T.address_of(tmap), *at, **({} if pred is None else {"pred": pred})))
 
     def store(self, tmap, coords, smem_ptr, *, pred=None) -> None:
         """Emit one box store: shared ``smem_ptr`` -> global box at ``coords`` (outermost first; never negative,
