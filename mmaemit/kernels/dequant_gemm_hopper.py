@@ -241,7 +241,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
     RED_BYTES = (NC - 1) * 128 * NACC * 4 if KS else 0
     STAGE_BYTES = CPS * X_BYTES + W_BYTES + SPS * S_BYTES
-    smem = ST * STAGE_BYTES + RG * c_map_t.box_bytes + RED_BYTES + 16 * ST + 2048
+    # k_split: the store's staging tile lives inside the hand-over buffer (BT x 64 halves <= BT / 2 x 128 floats)
+    smem = ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}) or "
                                      f"block_m ({BT})")
@@ -363,9 +364,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         Xs = pool.alloc(em.b_shared_shape, dtype, align=em.b_layout.alignment)      # (ST, CPS, BT, 64)
         Ws = pool.alloc((ST, NB, CPS, 32, WPC), "int32", align=w_map_t.smem_alignment)
         Ss = pool.alloc((ST, SPS, NB, GPS, 16), dtype, align=s_map_t.smem_alignment)
-        Cs = pool.alloc((RG, BT, 64), dtype, align=c_map_t.smem_alignment)
-        Red = pool.alloc((NC - 1 if KS else 1, NACC if KS else 1, 128), "float32", align=128)  # k_split: the sums
-        # of consumers 1 .. NC - 1
+        if KS:
+            # the sums of consumers 1 .. NC - 1; the output staging tile Cs shares their bytes
+            Red = pool.alloc((NC - 1, NACC, 128), "float32", align=max(128, c_map_t.smem_alignment))
+            Cs = T.decl_buffer((RG, BT, 64), dtype, data=Red.data, elem_offset=Red.elem_offset * 2,  # 4 / 2 bytes
+                               scope="shared.dyn")
+        else:
+            Cs = pool.alloc((RG, BT, 64), dtype, align=c_map_t.smem_alignment)
+            Red = pool.alloc((1, 1, 128), "float32", align=128)      # unused without k_split
         bars = ring.alloc(pool)  # noqa: F841
         pool.commit()
         ring.init(T.And(wg == 0, tid == 0))
@@ -446,6 +452,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     # consumers 1 .. NC - 1 hand their sums to consumer 0 (thread for thread: the same accumulator
                     # layout); the first barrier also keeps them from overwriting Red before consumer 0 read the last
                     # tile's
+                    # (Cs lies in Red: the last tile's store must have read it before consumers 1 .. write Red)
+                    if c == 0:
+                        bulk_wait(0, read=True)
                     T.ptx.bar.sync(T.uint32(3), T.uint32(128 * NC))
                     if c > 0:
                         for i in T.unroll(NACC):
