@@ -127,7 +127,7 @@ def _fused_dispatcher():
     _, _, kw = _weights()
     small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=3 if ks else 2, num_sms=2, k_split=ks)
              for p, bm, c, ks in (("fused32", 16, 2, True), ("fused48", 24, 2, True), ("fused64", 32, 2, True),
-                                  ("fused128", 64, 1, False),
+                                  ("fused96", 48, 2, True), ("fused128", 64, 1, False),
                                   ("fused128x2", 64, 2, False), ("fused256", 128, 2, False))}
     return DequantGemm(N, K, interpret=True, arch="sm_90a", dense_m=300,
                        configs=dict(small, gemv8=SMALL_GEMV, gemv16=SMALL_GEMV, hopper=SMALL_HOPPER), **kw)
@@ -173,7 +173,7 @@ def test_dispatcher_plan():
                                                                                ("dense", WIDE_M, None)]
     assert DequantGemm(8192, 8192, arch="sm_90a").ranges == [
         ("gemv8", 1, 8), ("gemv16", 9, 16), ("fused32", 17, 32), ("fused48", 33, 48), ("fused64", 49, 64),
-        ("fused128", 65, 128),
+        ("fused96", 65, 96), ("fused128", 97, 128),
         ("fused128x2", 129, 511),
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
     zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original")
@@ -189,10 +189,11 @@ def test_dispatcher_plan():
     assert narrow.ranges[3] == ("tiled64", 33, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
         "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense", "fused32", "fused48", "fused64",
-        "fused128", "fused128x2", "fused256", "wgmma"]
+        "fused96", "fused128", "fused128x2", "fused256", "wgmma"]
     # N = 64: the two-consumer fused tiles (128 weight rows) do not fit; the one-consumer ones take their range
     assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused32",
-                                                                                "fused48", "fused64", "fused128",
+                                                                                "fused48", "fused64", "fused96",
+                                                                                "fused128",
                                                                                 "dense"]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(TileShapeError, match=r"serves M > 32 for N=32, K=1024: the tiled path needs N a multiple"):
@@ -202,18 +203,18 @@ def test_dispatcher_plan():
 
 
 def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
-    """fused32 / fused64 stage 4 chunks (K a multiple of 512 with two consumers sharing K); for other K the default
-    takes 2 chunks per stage (K a multiple of 256) or 1 (128), else the path leaves the plan; a config the caller
-    passes is never changed."""
+    """fused32 / 48 / 64 stage 4 chunks (K a multiple of 512 with two consumers sharing K), fused96 / 128 / 128x2
+    two; for other K the defaults take 2 chunks per stage (K a multiple of 256) or 1 (128), else the path leaves the
+    plan; a config the caller passes is never changed."""
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
     def cps(K, **kw):
         dg = DequantGemm(8192, K, arch="sm_90a", group_size=-1, **kw)
-        return [(dg.configs[p].chunks_per_stage, dg.configs[p].stages) for p in ("fused32", "fused64")], \
-            [r[0] for r in dg.ranges]
-    assert cps(8192)[0] == [(4, 8), (4, 4)]
-    assert cps(11008)[0] == [(2, 8), (2, 6)]                  # Llama-2-7B's intermediate size: 43 x 256
-    assert cps(8320)[0] == [(1, 8), (1, 8)]                   # 65 x 128
+        return [(dg.configs[p].chunks_per_stage, dg.configs[p].stages)
+                for p in ("fused32", "fused64", "fused96", "fused128x2")], [r[0] for r in dg.ranges]
+    assert cps(8192)[0] == [(4, 8), (4, 4), (2, 6), (2, 4)]
+    assert cps(11008)[0] == [(2, 8), (2, 6), (2, 6), (2, 4)]  # Llama-2-7B's intermediate size: 43 x 256
+    assert cps(8320)[0] == [(1, 8), (1, 8), (1, 8), (2, 4)]   # 65 x 128 (fused128x2: no k_split, 2 chunks fit)
     cfgs, paths = cps(8256)                                   # 129 chunks: no k_split path divides it
     assert "fused32" not in paths and "fused64" not in paths and "fused128x2" in paths
     mine = HopperDequantConfig(block_m=32, stages=8, k_split=True, chunks_per_stage=4)
@@ -221,13 +222,13 @@ def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
     assert dg.configs["fused32"] is mine and "fused32" not in [r[0] for r in dg.ranges]
 
 
-@pytest.mark.parametrize("M", [20, 33, 50, 70, 150, 300])
+@pytest.mark.parametrize("M", [20, 33, 50, 70, 100, 150, 300])
 def test_fused_dispatcher_routes_ragged_m_on_the_interpreter(M):
-    """int4 on sm_90a: fused32 / fused48 / fused64 (k_split) / fused128 / fused128x2 for M > 16 (small tiles, two
+    """int4 on sm_90a: fused32 / 48 / 64 / 96 (k_split) / fused128 / fused128x2 for M > 16 (small tiles, two
     persistent CTAs), dense from dense_m (300 here); NaN-poisoned output vs the exact product."""
     dg = _fused_dispatcher()
-    assert [dg.path_for(m) for m in (20, 33, 50, 70, 150, 300)] == ["fused32", "fused48", "fused64", "fused128",
-                                                                   "fused128x2", "dense"]
+    assert [dg.path_for(m) for m in (20, 33, 50, 70, 100, 150, 300)] == ["fused32", "fused48", "fused64",
+                                                                        "fused96", "fused128", "fused128x2", "dense"]
     qw, tensors, _ = _weights()
     A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
     C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
