@@ -176,6 +176,14 @@ def test_dispatcher_plan():
         ("fused96", 65, 96), ("fused128", 97, 128),
         ("fused128x2", 129, 511),
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
+    # no fast scaled decode for the fused kernel: nf4, fp4 with bf16 activations take the second plan
+    for fmt, dt in (("nf4", "float16"), ("float4_e2m1fn", "bfloat16")):
+        assert [r[0] for r in DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format=fmt).ranges] == [
+            "gemv8", "gemv16", "gemv32", "dense_mid", "dense"]
+        with pytest.raises(UnsupportedConfigError, match="fast scaled decode"):
+            DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format=fmt, fused=True)
+    assert DequantGemm(8192, 8192, arch="sm_90a", weight_format="float4_e2m1fn").path_for(20) == "fused32"
+    assert "fused32" in DequantGemm(8192, 8192, arch="sm_90a", weight_format="nf4").runnable_paths()
     zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original")
     assert [r[0] for r in zeros.ranges] == ["gemv8", "gemv16", "gemv32", "dense_mid", "dense"]   # no fused path
     with pytest.raises(UnsupportedConfigError, match="zero points"):

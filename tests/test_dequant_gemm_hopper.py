@@ -266,9 +266,10 @@ def test_fused_hopper_on_gpu(M, dtype, group):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["int4_ob", "nf4"])
 def test_fused_paths_other_4bit_formats_on_gpu(fmt):
-    """DequantGemm on sm_90a puts symmetric-GPTQ (int4_ob) and nf4 weights on the fused paths too: M = 20 / 100 /
-    300 (fused32, fused128, fused128x2), NaN-poisoned outputs vs the float64 product (K=2048: 4 chunks per stage
-    in fused32, 2 in the others)."""
+    """DequantGemm on sm_90a puts symmetric-GPTQ (int4_ob) weights on the fused paths too: M = 20 / 100 / 300
+    (fused32, fused128, fused128x2); nf4 (no fast scaled decode) stays on gemv32 / dense_mid in the plan, and its
+    fused paths run by name. NaN-poisoned outputs vs the float64 product (K=2048: 4 chunks per stage in fused32, 2 in
+    the others)."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
 
     g = torch.Generator().manual_seed(11)
@@ -277,11 +278,13 @@ def test_fused_paths_other_4bit_formats_on_gpu(fmt):
     tensors = [t.cuda() for t in tensors]
     wd = qw.dequantize().double().cuda()
     dg = DequantGemm(1024, 2048, **kw)
-    for M, path in ((20, "fused32"), (100, "fused128"), (300, "fused128x2")):
-        assert dg.path_for(M) == path
+    planned = {"int4_ob": ("fused32", "fused128", "fused128x2"), "nf4": ("gemv32", "dense_mid", "dense_mid")}[fmt]
+    for (M, path), plan in zip(((20, "fused32"), (100, "fused128"), (300, "fused128x2")), planned):
+        assert dg.path_for(M) == plan
         A = torch.randn(M, 2048, device="cuda").half()
-        C = dg(A, *tensors, out=torch.full((M, 1024), float("nan"), dtype=torch.float16, device="cuda"))
-        torch.cuda.synchronize()
-        assert not torch.isnan(C).any(), (fmt, M)
-        ref = A.double() @ wd.T
-        assert ((C.double() - ref).norm() / ref.norm()).item() < 2e-3, (fmt, M)
+        for C in (dg(A, *tensors, out=torch.full((M, 1024), float("nan"), dtype=torch.float16, device="cuda")),
+                  dg.run_path(path, A, *tensors)):
+            torch.cuda.synchronize()
+            assert not torch.isnan(C).any(), (fmt, M)
+            ref = A.double() @ wd.T
+            assert ((C.double() - ref).norm() / ref.norm()).item() < 2e-3, (fmt, M)

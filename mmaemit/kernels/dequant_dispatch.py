@@ -1,8 +1,9 @@
 """Dynamic-M dequant GEMM: one object per weight shape, a few kernels compiled once, every M served without compiling.
 
 ``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call).
-On sm_90a with 4-bit weights without zero points (``HOPPER_FUSED_FORMATS``: int4, int4_ob = symmetric GPTQ, nf4,
-fp4, uint4; N a multiple of 64) the plan is
+On sm_90a with 4-bit weights without zero points whose scaled decode has a fast program (int4, int4_ob = symmetric
+GPTQ, uint4, and float4_e2m1fn with fp16 activations; not nf4, whose fused kernel would run the reference converter:
+0.31x cuBLAS at M=32 on the H100; N a multiple of 64) the plan is
 
 ==============  ====================  ==========================================================================
 path            M range (defaults)    kernel
@@ -56,6 +57,7 @@ CPU interpreter instead (tests).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 from mmaemit.dtypes import canonical
@@ -114,6 +116,16 @@ _FUSED_K_FALLBACKS = {"fused32": ((2, 8), (1, 8)), "fused48": ((2, 8), (1, 8)), 
 def _fused_k_step(cfg) -> int:
     """The K multiple a fused config needs: 64-wide chunks x chunks per stage x consumers sharing the K loop."""
     return 64 * cfg.chunks_per_stage * (cfg.consumers if cfg.k_split else 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _fast_fused_decode(weight_format, dtype) -> bool:
+    """Whether the fused kernel's decode (mode "scale", sm_90a) is a fast program; without one (nf4, float4_e2m1fn ->
+    bfloat16) the fused paths are correct but slow (H100, 8192^2 nf4 fp16: 167 us at M=32, 0.31x cuBLAS), so the
+    plan leaves them out."""
+    from .dequant_parts import kernel_decode_program
+
+    return bool(kernel_decode_program(weight_format, dtype, "scale", "sm_90a").fast)
 
 
 def _interpret_default() -> bool:
@@ -201,13 +213,15 @@ class DequantGemm:
 
     def _fused(self) -> bool:
         """Whether the fused Hopper paths serve M > 16 (sm_90a, a 4-bit format of ``HOPPER_FUSED_FORMATS`` without
-        zero points, N a multiple of 64)."""
-        fits = self.large_m is not None and any(map(self._fits, FUSED_PATHS))
+        zero points whose scaled decode has a fast program for the dtype, N a multiple of 64)."""
+        fits = (self.large_m is not None and any(map(self._fits, FUSED_PATHS))
+                and _fast_fused_decode(self.weight_format, self.dtype))
         if self.use_fused and not fits:
             raise UnsupportedConfigError(
                 f"fused=True, but no fused Hopper path fits: they need sm_90a (arch={self.arch}), weight_format in "
                 f"{choices(HOPPER_FUSED_FORMATS)} (got {self.weight_format!r}) without zero points (zeros_mode="
-                f"{self.zeros_mode!r}) and N a multiple of 64 (N={self.N}); pass fused=None to use them where they fit")
+                f"{self.zeros_mode!r}), a fast scaled decode for {self.dtype} (nf4, and float4_e2m1fn -> bfloat16, "
+                f"have none: the fused kernel then runs the reference converter, 0.31x cuBLAS for nf4 at M=32) and N a multiple of 64 (N={self.N}); pass fused=None to use them where they fit")
         return self.use_fused is not False and fits
 
     @staticmethod
