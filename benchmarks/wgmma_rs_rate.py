@@ -7,7 +7,9 @@ Every CTA (one per SM) runs ``wgs`` warpgroups; each issues ``iters`` times the 
 all ones: the tensor-core work of the fused kernel's consumers without loads or decode. Reported: ns per
 chunk per SM and cycles per wgmma per SM (at the SM clock read from the GPU). Prediction (the open hypothesis): at
 N <= 64 the cycles per wgmma barely depend on N and 4 of them take ~250 cycles, the ablated kernel's floor; if
-instead they scale with N, the tensor pipe is not what holds the fused kernel at M <= 64.
+instead they scale with N, the tensor pipe is not what holds the fused kernel at M <= 64. Outcome (H100,
+2026-11-27): 15-23 cycles per wgmma at N = 8 .. 32, 36-38 at N=64, then linear in N: refuted
+(``docs/perf-notes.md``, "Fourth session").
 
     PYTHONPATH=. python3 benchmarks/wgmma_rs_rate.py [--ns 8 16 32 64 128 256] [--wgs 1 2 4] [--iters 4096]
 
@@ -93,6 +95,10 @@ def main(argv=None):
     print("|---|---|---|---|")
     for n in args.ns:
         for wgs in args.wgs:
+            if (n // 2 + 40) * 128 * wgs > 65536:
+                # n/2 fp32 accumulators + ~40 registers per thread: more than the register file (ptxas refuses)
+                print(f"| {n} | {wgs} | — (does not fit 64K registers) | — |", flush=True)
+                continue
             k = mmaemit.compile(make_kernel(n, wgs, args.iters, sms), target="sm_90a")
             out = torch.empty(sms * wgs * 128, device="cuda")
             t = median_time(lambda: k(out), warmup=3, reps=10)
