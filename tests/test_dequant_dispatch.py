@@ -127,7 +127,7 @@ def _fused_dispatcher():
     _, _, kw = _weights()
     small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=3 if ks else 2, num_sms=2, k_split=ks)
              for p, bm, c, ks in (("fused32", 16, 2, True), ("fused48", 24, 2, True), ("fused64", 32, 2, True),
-                                  ("fused96", 48, 2, True), ("fused128", 64, 1, False),
+                                  ("fused96", 48, 2, True), ("fused128", 64, 1, False), ("fused160", 80, 1, False),
                                   ("fused128x2", 64, 2, False), ("fused256", 128, 2, False))}
     return DequantGemm(N, K, interpret=True, arch="sm_90a", dense_m=300,
                        configs=dict(small, gemv8=SMALL_GEMV, gemv16=SMALL_GEMV, hopper=SMALL_HOPPER), **kw)
@@ -173,8 +173,8 @@ def test_dispatcher_plan():
                                                                                ("dense", WIDE_M, None)]
     assert DequantGemm(8192, 8192, arch="sm_90a").ranges == [
         ("gemv8", 1, 8), ("gemv16", 9, 16), ("fused32", 17, 32), ("fused48", 33, 48), ("fused64", 49, 64),
-        ("fused96", 65, 96), ("fused128", 97, 128),
-        ("fused128x2", 129, 511),
+        ("fused96", 65, 96), ("fused128", 97, 128), ("fused160", 129, 160),
+        ("fused128x2", 161, 511),
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
     # no fast scaled decode for the fused kernel: nf4, fp4 with bf16 activations take the second plan
     for fmt, dt in (("nf4", "float16"), ("float4_e2m1fn", "bfloat16")):
@@ -197,7 +197,7 @@ def test_dispatcher_plan():
     assert narrow.ranges[3] == ("tiled64", 33, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
         "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense", "fused32", "fused48", "fused64",
-        "fused96", "fused128", "fused128x2", "fused256", "wgmma"]
+        "fused96", "fused128", "fused160", "fused128x2", "fused256", "wgmma"]
     # N = 64: the two-consumer fused tiles (128 weight rows) do not fit; the one-consumer ones take their range
     assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused32",
                                                                                 "fused48", "fused64", "fused96",
@@ -230,13 +230,13 @@ def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
     assert dg.configs["fused32"] is mine and "fused32" not in [r[0] for r in dg.ranges]
 
 
-@pytest.mark.parametrize("M", [20, 33, 50, 70, 100, 150, 300])
+@pytest.mark.parametrize("M", [20, 33, 50, 70, 100, 140, 170, 300])
 def test_fused_dispatcher_routes_ragged_m_on_the_interpreter(M):
-    """int4 on sm_90a: fused32 / 48 / 64 / 96 (k_split) / fused128 / fused128x2 for M > 16 (small tiles, two
-    persistent CTAs), dense from dense_m (300 here); NaN-poisoned output vs the exact product."""
+    """int4 on sm_90a: fused32 / 48 / 64 / 96 (k_split) / fused128 / fused160 / fused128x2 for M > 16 (small tiles,
+    two persistent CTAs), dense from dense_m (300 here); NaN-poisoned output vs the exact product."""
     dg = _fused_dispatcher()
-    assert [dg.path_for(m) for m in (20, 33, 50, 70, 100, 150, 300)] == ["fused32", "fused48", "fused64",
-                                                                        "fused96", "fused128", "fused128x2", "dense"]
+    assert [dg.path_for(m) for m in (20, 33, 50, 70, 100, 140, 170, 300)] == [
+        "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "dense"]
     qw, tensors, _ = _weights()
     A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
     C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
@@ -267,7 +267,7 @@ def test_dispatcher_every_m_on_the_gpu(dtype):
     of a NaN-poisoned output written and within tolerance of the fp32 product of the dequantized weights."""
     dense, tensors, dg = _gpu_problem(4096, 4096, dtype)
     compiled = {p: k for p, k in dg._kernels.items()}
-    for M in (1, 7, 16, 20, 33, 40, 50, 64, 100, 127, 128, 257, 1000, 2100, 4096):
+    for M in (1, 7, 16, 20, 33, 40, 50, 64, 100, 127, 128, 140, 170, 257, 1000, 2100, 4096):
         A = torch.randn(M, 4096, device="cuda").to(dtype)
         C = dg(A, *tensors, out=torch.full((M, 4096), float("nan"), dtype=dtype, device="cuda"))
         torch.cuda.synchronize()

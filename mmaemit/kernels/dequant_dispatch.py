@@ -18,7 +18,8 @@ path            M range (defaults)    kernel
 ``fused64``     49 .. 64              the same, 64 activation rows, 4 stages
 ``fused96``     65 .. 96              the same, 96 activation rows, 6 stages of 2 chunks
 ``fused128``    97 .. 128             the same, 128 activation rows, 5 stages of 2 chunks
-``fused128x2``  129 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks
+``fused160``    129 .. 160            160 x 128 tiles, two consumer warpgroups, 5 stages of one chunk
+``fused128x2``  161 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks
 ``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 4 stages
 ``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
                                       bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
@@ -84,9 +85,9 @@ PATHS = ("gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
 #: int4 decoded into RS wgmma) at four tile shapes, with the first M each serves on sm_90a (int4 without zero points;
 #: from the tile study on the H100, docs/perf-notes.md, 2026-11-26): they replace tiled64 .. dense_mid there
-FUSED_PATHS = ("fused32", "fused48", "fused64", "fused96", "fused128", "fused128x2", "fused256")
-_FUSED_START = {"fused32": 17, "fused48": 33, "fused64": 49, "fused96": 65, "fused128": 97, "fused128x2": 129,
-                "fused256": 512}
+FUSED_PATHS = ("fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "fused256")
+_FUSED_START = {"fused32": 17, "fused48": 33, "fused64": 49, "fused96": 65, "fused128": 97, "fused160": 129,
+                "fused128x2": 161, "fused256": 512}
 #: with the fused paths, the first M of the two-kernel ``dense`` path (on the H100 at 8192 x 8192 the fused 256-row
 #: tiles won at M=2048, 416 vs 454 µs, and tied at 4096, 888 vs 874)
 FUSED_DENSE_M = 4096
@@ -102,6 +103,7 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2),
              "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=5, k_split=True, chunks_per_stage=2),
+             "fused160": HopperDequantConfig(block_m=160, consumers=2, stages=5),
              "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=4, chunks_per_stage=2),
              "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
 
