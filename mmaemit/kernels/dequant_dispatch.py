@@ -223,7 +223,8 @@ class DequantGemm:
                 f"fused=True, but no fused Hopper path fits: they need sm_90a (arch={self.arch}), weight_format in "
                 f"{choices(HOPPER_FUSED_FORMATS)} (got {self.weight_format!r}) without zero points (zeros_mode="
                 f"{self.zeros_mode!r}), a fast scaled decode for {self.dtype} (nf4, and float4_e2m1fn -> bfloat16, "
-                f"have none: the fused kernel then runs the reference converter, 0.31x cuBLAS for nf4 at M=32) and N a multiple of 64 (N={self.N}); pass fused=None to use them where they fit")
+                f"have none: the fused kernel then runs the reference converter, 0.31x cuBLAS for nf4 at M=32) and N "
+                f"a multiple of 64 (N={self.N}); pass fused=None to use them where they fit")
         return self.use_fused is not False and fits
 
     @staticmethod

@@ -6,13 +6,15 @@ Like :mod:`mmaemit.kernels.dequant_gemm_wgmma` it computes ``C^T = W @ A^T``: th
 register-sourced A operand of ``wgmma`` (RS form), the activations the shared-memory B operand.
 
 Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`` activation rows x
-``64 * consumers`` weight rows, per 64-wide K chunk:
+``64 * consumers`` weight rows, per ring stage of ``chunks_per_stage`` 64-wide K chunks:
 
 * producer warpgroup (one elected thread, or two filling alternate stages with ``producers=2``): waits for a free
-  ring stage (``MbarrierRing``), arms the full barrier and issues three TMA box loads: the activation tile
-  (``block_m`` x 64, 128-byte swizzle, the wgmma B layout: ``TmaTile.for_layout`` of the emitter's shared layout;
-  rows >= M are zero-filled by TMA bounds), the packed weight tile (4 n16 blocks per 64-row group x one chunk of
-  kernel-layout words: 512 contiguous bytes each) and the chunk's group scales (32 bytes per n16 block);
+  ring stage (``MbarrierRing``), arms the full barrier and issues the stage's TMA box loads: per chunk the activation
+  tile (``block_m`` x 64, 128-byte swizzle, the wgmma B layout: ``TmaTile.for_layout`` of the emitter's shared
+  layout; rows >= M are zero-filled by TMA bounds), one box of packed weights (4 n16 blocks per 64-row group x the
+  stage's chunks of kernel-layout words: 512 contiguous bytes per block and chunk) and one box of group scales (32
+  bytes per n16 block and group; one box per chunk where a group straddles stages). The ring costs a roughly fixed
+  time per stage (measured on the H100), so a stage of 4 chunks at small M;
 * consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's 4 words
   (16 bytes), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
   (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit;
