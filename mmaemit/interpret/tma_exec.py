@@ -207,6 +207,17 @@ def _store(st, site, t, tm, coords, src, what):
     st.rec.count("tma.store")
 
 
+def _thread_maps(st, site, ftmap, fcoords, thr, what):
+    """(index, thread, tensor map, coordinates) of each active thread ``thr`` that issues a tensor op through a valid
+    map (an invalid one is reported by ``_tensor_map`` and skipped)."""
+    tmv = ftmap(st)
+    coords = np.stack([as_thread_vector(st, np.asarray(f(st), np.int64)) for f in fcoords], -1)[thr]
+    for i, t in enumerate(thr):
+        tm = _tensor_map(st, site, tmv, t, what)
+        if tm is not None:
+            yield i, t, tm, [int(x) for x in coords[i]]
+
+
 @_family("cp_async_bulk_tensor_g2s_cluster", "cp_async_bulk_tensor_g2s_cta", "cp_async_bulk_tensor_s2g")
 def _tensor_copy(kp, ops, mod, site):
     isa.require_feature("cp.async.bulk", kp.arch)
@@ -229,15 +240,9 @@ def _tensor_copy(kp, ops, mod, site):
         thr = active_threads(st)
         if len(thr) == 0:
             return
-        tmv = ftmap(st)
-        coords = np.stack([as_thread_vector(st, np.asarray(f(st), np.int64)) for f in fcoords], -1)[thr]
         smem_addr = shared_addresses(st, fsmem(st), site)[thr]
         bars = shared_addresses(st, fbar(st), site)[thr] if load else None
-        for i, t in enumerate(thr):
-            tm = _tensor_map(st, site, tmv, t, what)
-            if tm is None:
-                continue
-            c = [int(x) for x in coords[i]]
+        for i, t, tm, c in _thread_maps(st, site, ftmap, fcoords, thr, what):
             if load:
                 _load(st, site, int(t), tm, c, int(smem_addr[i]), int(bars[i]), what)
             else:
@@ -260,11 +265,8 @@ def _tensor_prefetch(kp, ops, mod, site):
         thr = active_threads(st)
         if len(thr) == 0:
             return
-        tmv = ftmap(st)
-        coords = np.stack([as_thread_vector(st, np.asarray(f(st), np.int64)) for f in fcoords], -1)[thr]
-        for i, t in enumerate(thr):
-            tm = _tensor_map(st, site, tmv, t, what)
-            if tm is not None and _check_rank(st, site, tm, [int(x) for x in coords[i]], t, what):
+        for _i, t, tm, c in _thread_maps(st, site, ftmap, fcoords, thr, what):
+            if _check_rank(st, site, tm, c, t, what):
                 st.rec.count("tma.prefetch")
     return run
 

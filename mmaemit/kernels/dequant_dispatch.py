@@ -83,7 +83,7 @@ WIDE_M = 512
 #: path names of the plan without fused paths, smallest M first
 PATHS = ("gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense")
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
-#: int4 decoded into RS wgmma) at four tile shapes, with the first M each serves on sm_90a (int4 without zero points;
+#: int4 decoded into RS wgmma) at eight tile shapes, with the first M each serves on sm_90a (int4 without zero points;
 #: from the tile study on the H100, docs/perf-notes.md, 2026-11-26): they replace tiled64 .. dense_mid there
 FUSED_PATHS = ("fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "fused256")
 _FUSED_START = {"fused32": 17, "fused48": 33, "fused64": 49, "fused96": 65, "fused128": 97, "fused160": 129,
@@ -108,16 +108,11 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
 
 
-#: fallbacks of the default fused configs for K that their chunks per stage do not divide (K a multiple of
-#: 64 x chunks_per_stage x consumers with k_split): fewer chunks per stage, deeper rings (H100 measurements,
-#: ``docs/perf-notes.md``, "Fourth session")
+#: fallbacks (chunks per stage, stages) of the default fused configs for K that is not a multiple of their
+#: ``HopperDequantConfig.k_multiple``: fewer chunks per stage, deeper rings (H100 measurements, ``docs/perf-notes.md``,
+#: "Fourth session")
 _FUSED_K_FALLBACKS = {"fused32": ((2, 8), (1, 8)), "fused48": ((2, 8), (1, 8)), "fused64": ((2, 6), (1, 8)),
                       "fused96": ((1, 8),), "fused128": ((1, 8),), "fused128x2": ((1, 6),)}
-
-
-def _fused_k_step(cfg) -> int:
-    """The K multiple a fused config needs: 64-wide chunks x chunks per stage x consumers sharing the K loop."""
-    return 64 * cfg.chunks_per_stage * (cfg.consumers if cfg.k_split else 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,12 +174,12 @@ class DequantGemm:
         self.configs = dict(_DEFAULTS, **(configs or {}))
         for path, steps in _FUSED_K_FALLBACKS.items():
             cfg = self.configs[path]
-            if path not in (configs or {}) and self.K % _fused_k_step(cfg):
-                # the default's stages of 4 chunks do not divide K: the largest fallback that does (else unchanged,
+            if path not in (configs or {}) and self.K % cfg.k_multiple:
+                # the default's chunks per stage do not divide K: the largest fallback that does (else unchanged,
                 # and the path drops out of the plan in _fits)
                 for cps, stages in steps:
                     alt = dataclasses.replace(cfg, chunks_per_stage=cps, stages=stages)
-                    if self.K % _fused_k_step(alt) == 0:
+                    if self.K % alt.k_multiple == 0:
                         self.configs[path] = alt
                         break
         hopper = self.arch == "sm_90a"
@@ -209,7 +204,7 @@ class DequantGemm:
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
         if path in FUSED_PATHS:
             rows = 64 if cfg.k_split else 64 * cfg.consumers
-            return (N % rows == 0 and K % _fused_k_step(cfg) == 0
+            return (N % rows == 0 and K % cfg.k_multiple == 0
                     and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None)
         return True
 

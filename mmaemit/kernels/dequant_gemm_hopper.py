@@ -91,6 +91,12 @@ class HopperDequantConfig:
     producers: int = 1
     chunks_per_stage: int = 1
 
+    @property
+    def k_multiple(self) -> int:
+        """The K multiple this config needs: 64-wide chunks x chunks per stage x the consumers that deal the
+        stages round robin (``k_split``)."""
+        return CHUNK * self.chunks_per_stage * (self.consumers if self.k_split else 1)
+
 
 def quad_word_plan(bits: int = 4) -> dict:
     """For 4-bit kernel-layout words: ``plan[h][H] = (shift, mask)`` so that the word a lane sends to quad lane c'
@@ -213,8 +219,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise TileShapeError(f"chunks_per_stage={CPS} needs K a multiple of {CHUNK * CPS}, not K={K}")
     KU = KT // CPS                        # ring stages (units of CPS chunks) per tile
     STEP = NC if KS else 1                # a consumer's units are u = first, first + STEP, ...
-    if KU % STEP:
-        raise TileShapeError(f"k_split=True with {NC} consumers needs K a multiple of {CHUNK * CPS * NC} (stages "
+    if K % cfg.k_multiple:
+        raise TileShapeError(f"k_split=True with {NC} consumers needs K a multiple of {cfg.k_multiple} (stages "
                              f"of {CPS} 64-wide chunks dealt round robin), not K={K}")
     KC = KU // STEP                       # units per consumer and tile
     if ST < STEP * INF + 1:
@@ -246,8 +252,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     # k_split: the store's staging tile lives inside the hand-over buffer (BT x 64 halves <= BT / 2 x 128 floats)
     smem = ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048
     if smem > SMEM_LIMIT:
-        raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}) or "
-                                     f"block_m ({BT})")
+        raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}), "
+                                     f"chunks_per_stage ({CPS}) or block_m ({BT})")
     sms = cfg.num_sms if cfg.num_sms is not None else device_sm_count()
     GN = N // BW
     if DYN:
