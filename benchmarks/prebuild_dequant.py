@@ -1,7 +1,7 @@
 """Compile the DequantGemm kernels of the GPU tests and benchmarks in parallel worker processes into the cubin cache
 (then run the tests / benchmarks with MMAEMIT_CUBIN_CACHE=1: they only load them).
 
-    MMAEMIT_CUBIN_CACHE=1 PYTHONPATH=. python3 benchmarks/prebuild_dequant.py [--tests] [--bench] [--mlp]
+    MMAEMIT_CUBIN_CACHE=1 PYTHONPATH=. python3 benchmarks/prebuild_dequant.py [--tests] [--bench [--formats ...]] [--mlp]
 """
 import argparse
 import os
@@ -25,7 +25,8 @@ def specs(args, arch):
         for shape in args.shapes:
             n, k = map(int, shape.split("x"))
             for dt in args.dtypes:
-                out.append(dict(N=n, K=k, dtype=dt, arch=arch, paths=args.paths))
+                for fmt in args.formats:
+                    out.append(dict(N=n, K=k, dtype=dt, arch=arch, paths=args.paths, weight_format=fmt))
     if args.mlp:
         for n, k in ((14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)):
             out.append(dict(N=n, K=k, dtype="float16", arch=arch, paths=small))
@@ -40,6 +41,7 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["8192x8192", "28672x8192"])
     ap.add_argument("--dtypes", nargs="+", default=["float16"])
     ap.add_argument("--paths", nargs="+", default=None)
+    ap.add_argument("--formats", nargs="+", default=["int4"], help="weight formats of --bench")
     ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args()
     todo = specs(args, args.arch)

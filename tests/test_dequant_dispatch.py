@@ -196,8 +196,8 @@ def test_dispatcher_plan():
     assert [r[0] for r in narrow.ranges] == ["gemv8", "gemv16", "gemv32", "tiled64", "dense"]
     assert narrow.ranges[3] == ("tiled64", 33, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
-        "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense", "fused32", "fused48", "fused64",
-        "fused96", "fused128", "fused160", "fused128x2", "fused256", "wgmma"]
+        "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense", "fused8", "fused16", "fused32",
+        "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "fused256", "wgmma"]
     # N = 64: the two-consumer fused tiles (128 weight rows) do not fit; the one-consumer ones take their range
     assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused32",
                                                                                 "fused48", "fused64", "fused96",
@@ -228,6 +228,41 @@ def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
     mine = HopperDequantConfig(block_m=32, stages=8, k_split=True, chunks_per_stage=4)
     dg = DequantGemm(8192, 11008, arch="sm_90a", group_size=-1, configs={"fused32": mine})
     assert dg.configs["fused32"] is mine and "fused32" not in [r[0] for r in dg.ranges]
+
+
+def test_8bit_plan_takes_the_fused_paths_from_m_1():
+    """8-bit weights with a fast scaled decode (int8 / int8_ob / fp8 with fp16, int8 with bf16: the split magic) take
+    fused8 / fused16 instead of the GEMVs and 8-bit rings (fewer chunks per stage, deeper, within shared memory);
+    formats without a fast scaled decode (uint8 with zeros, e4m3 -> bf16) keep the second plan."""
+    from mmaemit.kernels.dequant_dispatch import FUSED_SMALL_M_BITS
+    from mmaemit.kernels.dequant_gemm_hopper import fused_smem_bytes
+    from mmaemit.kernels.gemm_hopper import SMEM_LIMIT
+
+    assert FUSED_SMALL_M_BITS == (8,)
+    for fmt, dt in (("int8", "float16"), ("int8", "bfloat16"), ("int8_ob", "bfloat16"), ("float8_e4m3fn", "float16")):
+        dg = DequantGemm(8192, 8192, dtype=dt, weight_format=fmt, arch="sm_90a")
+        assert [r[0] for r in dg.ranges][:3] == ["fused8", "fused16", "fused32"], (fmt, dt)
+        assert dg.path_for(1) == "fused8" and dg.path_for(16) == "fused16"
+        assert (dg.configs["fused128"].chunks_per_stage, dg.configs["fused128"].stages) == (1, 8)
+        for p in dg.configs:
+            if p.startswith("fused"):
+                assert fused_smem_bytes(dg.configs[p], 8, 128) <= SMEM_LIMIT, p
+    for fmt, dt, zm in (("uint8", "float16", "original"), ("float8_e4m3fn", "bfloat16", None)):
+        assert DequantGemm(8192, 8192, dtype=dt, weight_format=fmt, zeros_mode=zm,
+                           arch="sm_90a").ranges[0][0] == "gemv8"
+    assert DequantGemm(8192, 8192, weight_format="int2", arch="sm_90a").ranges[0][0] == "gemv8"
+
+
+@pytest.mark.parametrize("M", [3, 12])
+def test_8bit_fused_small_m_paths_on_the_interpreter(M):
+    """int8 (bf16, the split-magic decode) through fused8 / fused16 on the interpreter: NaN-poisoned output vs the
+    exact product."""
+    qw, tensors, kw = _weights("int8", torch.bfloat16)
+    dg = DequantGemm(N, K, dtype="bfloat16", interpret=True, arch="sm_90a", dense_m=300, **kw)
+    assert dg.path_for(M) == ("fused8" if M <= 8 else "fused16")
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).bfloat16()
+    C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.bfloat16))
+    _check(C, A, qw, torch.bfloat16)
 
 
 @pytest.mark.parametrize("M", [20, 33, 50, 70, 100, 140, 170, 300])

@@ -41,6 +41,7 @@ def test_kernel_layout_refuses_a_word_count_that_is_not_the_bit_width():
 
 
 @pytest.mark.parametrize("fmt, dtype, fast", [("uint8", "float16", True), ("int8", "bfloat16", False),
+                                              ("int8", "bfloat16", True), ("int8_ob", "bfloat16", True),
                                               ("float8_e4m3fn", "float16", True), ("int4", "float16", True),
                                               ("nf4", "bfloat16", False), ("nf4", "bfloat16", True),
                                               ("nf4", "float16", True), ("int2", "float16", True),

@@ -36,6 +36,10 @@ scale FMA), plus three table / hardware paths:
   (0x00 0x38 0x3C 0x3E 0x40 0x42 0x44 0x46) yields the pair, and one ``lop3`` ORs in the two sign bits. nvfp4's e4m3
   scale pair is converted once per group with ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
 * float8_e4m3fn -> f16: ``cvt.rn.f16x2.e4m3x2`` (sm_89+; exact, NaN kept).
+* int8 / int8_ob / uint8 -> bf16 (modes "none", "scale", uint8 "rescale"): a split magic. One ``prmt`` puts each
+  code byte in a 16-bit half, one ``lop3`` makes ``x = 128 + (q & 0x7F)`` (0x4300 with the low seven bits), one
+  ``lop3`` makes ``c`` = 128.0 or 256.0 from code bit 7, and ``x - c`` is the exact value (uint8: that of
+  ``q ^ 0x80`` as two's complement, plus 128, exact): 5 ops per register before the scale, against 2 for f16.
 * float8_e5m2 -> f16: ``prmt`` of the byte into the high byte of each half (f16 == e5m2 << 8).
 * nf4 -> f16 / bf16, mode "none" (what the GEMV uses: its scales multiply the fp32 partial sums): a 16-entry LUT of
   the once-rounded table values from two byte planes. Per pair of output registers, ``prmt`` looks the low and the
@@ -55,7 +59,8 @@ has the same caveat).
 Formats with the reference path only, and why: nf4 with a scale or zeros (a scaled 24-bit table value must round
 once; the rounded table times the scale would round twice), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16
 pair; no one-byte bf16 LUT), float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers
-(8-bit codes overflow the 7 mantissa bits of 0x4300), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its
+with zeros other than uint8 "rescale" ("original" rounds q - Z in bf16 before the scale; "quantized" zero codes
+above 127 have no bf16 magic), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its
 byte is the high byte of an f16, not of a bf16) and e2m1 (its bf16 images do not share a zero low byte, so no
 one-byte prmt LUT).
 """
@@ -92,6 +97,11 @@ def _fast_table() -> dict:
     t[("nvfp4", "float16")] = {"scale": cvt_e4m3}     # its e4m3 scale pair goes through the cvt
     for d in ("float16", "bfloat16"):                  # the rounded table itself: exact without a scale only
         t[("nf4", d)] = {"none": "sm_80"}
+    # split magic: the low 7 bits, then an exact subtract; not "original" (q - Z rounds in bf16 before the scale)
+    # nor "quantized" (zero codes above 127 have no bf16 magic)
+    for name in ("int8", "int8_ob", "uint8"):
+        t[(name, "bfloat16")] = {m: "sm_80" for m in (("none", "scale", "rescale")
+                                                      if get_format(name).kind == "uint" else ("none", "scale"))}
     return t
 
 
@@ -363,6 +373,20 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
         for i in range(nreg):
             b.op("prmt.b32", t_lo, t_hi, sels[i], dst=out[i])
             b.op("lop3.b32", out[i], signs[i], 0x80008000, _OR_AND, dst=out[i])
+    elif bits == 8 and dtype == "bfloat16":
+        # 8-bit codes overflow the 7 mantissa bits of the bf16 magic 128.0: x = 128 + (q & 0x7F) (magic with the low
+        # seven bits), c = 128 or 256 by code bit 7, and x - c is the exact value (|v| < 256 fits bf16's 8 bits):
+        # two's complement v = q_lo - 128 q7 (c = 128 | q7 << 7 = 0x4300 / 0x4380), offset binary v = q_lo + 128 q7
+        # - 128 (c = 0x4380 ^ q7 << 7); uint8 as two's complement of q ^ 0x80, plus 128 (exact)
+        src = b.op("lop3.b32", "w", 0x80808080, 0, _XOR) if fmt.kind == "uint" else "w"
+        cval, clut = (0x43804380, _AND_XOR) if fmt.storage == "offset_binary" else (0x43004300, _AND_OR)
+        for i, sel in enumerate((0x4140, 0x4342)):
+            t = b.op("prmt.b32", src, 0, sel)                                    # {byte, 0} halves
+            x = b.op("lop3.b32", t, 0x007F007F, 0x43004300, _AND_OR)
+            c = b.op("lop3.b32", t, 0x00800080, cval, clut)
+            ar.sub(x, c, out[i])
+            if fmt.kind == "uint":
+                ar.add(out[i], _const2(_half_bits(128.0, dtype)), out[i])
     elif bits == 8:
         src = b.op("lop3.b32", "w", 0x80808080, 0, _XOR) if fmt.storage == "twos_complement" else "w"
         for i, sel in enumerate((0x4140, 0x4342)):
@@ -387,7 +411,7 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
     # finish: exact integer value (no scale involved), then the mode
     neg_zero = _const2(0x8000)
     for i, o in enumerate(out):
-        if fmt.kind in ("float", "lut"):
+        if fmt.kind in ("float", "lut") or (bits == 8 and dtype == "bfloat16"):
             pass
         elif marlin and i % 2:      # o = 1024 + 16q: (o / 16) - 64 (- 8 signed, - z quantized), exact
             sixteenth = _const2(_half_bits(1 / 16, dtype))

@@ -38,8 +38,9 @@ trick), float4_e2m1fn / mxfp4 / nvfp4 (hardware ``cvt.rn.f16x2.e2m1x2`` only on 
 implemented here), float8_e4m3fn (hardware ``cvt.rn.f16x2.e4m3x2`` on sm_89+; the exponent-rebias trick gets the NaN
 codes wrong, so it is not offered), e5m2 -> bf16, and every 8-bit integer format -> bf16 (8-bit codes do not fit the
 7 mantissa bits of the bf16 magic). The TIR decode (:mod:`.decode`, ``FAST_DECODE``) adds table / hardware fast
-paths on top of these arithmetic ones: e2m1 / nvfp4 -> f16 (prmt register LUT), e4m3 -> f16 (cvt, sm_89+) and nf4
--> f16 / bf16 without a scale (a prmt byte-plane LUT of the rounded table).
+paths on top of these arithmetic ones: e2m1 / nvfp4 -> f16 (prmt register LUT), e4m3 -> f16 (cvt, sm_89+), nf4
+-> f16 / bf16 without a scale (a prmt byte-plane LUT of the rounded table) and 8-bit integers -> bf16 (a split
+magic: the low seven bits in 0x4300, minus 128.0 or 256.0 by the top bit).
 """
 from __future__ import annotations
 

@@ -66,12 +66,14 @@ from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 
 from .dequant_dense import DenseConfig, make_dequant_to_dense
 from .dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
-from .dequant_gemm_hopper import HOPPER_FUSED_FORMATS, HopperDequantConfig, make_dequant_gemm_hopper
+from .dequant_gemm_hopper import (HOPPER_FUSED_FORMATS, HopperDequantConfig, fused_smem_bytes,
+                                  make_dequant_gemm_hopper)
 from .dequant_gemm_wgmma import WgmmaConfig, make_dequant_gemm_wgmma
 from .dequant_parts import check_scheme
-from .gemm_hopper import HopperGemmConfig, make_gemm_hopper
+from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
-__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "EXTRA_PATHS", "prebuild"]
+__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS", "EXTRA_PATHS",
+           "prebuild"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -83,11 +85,17 @@ WIDE_M = 512
 #: path names of the plan without fused paths, smallest M first
 PATHS = ("gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense")
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
-#: int4 decoded into RS wgmma) at eight tile shapes, with the first M each serves on sm_90a (int4 without zero points;
-#: from the tile study on the H100, docs/perf-notes.md, 2026-11-26): they replace tiled64 .. dense_mid there
-FUSED_PATHS = ("fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "fused256")
-_FUSED_START = {"fused32": 17, "fused48": 33, "fused64": 49, "fused96": 65, "fused128": 97, "fused160": 129,
-                "fused128x2": 161, "fused256": 512}
+#: weights decoded into RS wgmma) at ten tile shapes, with the first M each serves on sm_90a (formats without zero
+#: points whose scaled decode is fast; from the tile studies on the H100, docs/perf-notes.md): they replace
+#: tiled64 .. dense_mid there, and for :data:`FUSED_SMALL_M_BITS` the GEMVs too
+FUSED_PATHS = ("fused8", "fused16", "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2",
+               "fused256")
+_FUSED_START = {"fused8": 1, "fused16": 9, "fused32": 17, "fused48": 33, "fused64": 49, "fused96": 65, "fused128": 97,
+                "fused160": 129, "fused128x2": 161, "fused256": 512}
+#: weight widths whose fused paths also serve M <= 16 (``fused8``, ``fused16`` instead of the GEMVs): on the H100 at
+#: 8192 x 8192 g128 fp16 int8 took 28.5 us at M=1 with 8-row tiles against 45.0 for the GEMV; int4 17.3 vs 19.7 and
+#: int2 14.1 vs 19.1 keep the GEMV (docs/perf-notes.md, fifth session)
+FUSED_SMALL_M_BITS = (8,)
 #: with the fused paths, the first M of the two-kernel ``dense`` path (on the H100 at 8192 x 8192 the fused 256-row
 #: tiles won at M=2048, 416 vs 454 µs, and tied at 4096, 888 vs 874)
 FUSED_DENSE_M = 4096
@@ -98,6 +106,8 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
              "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4),
+             "fused8": HopperDequantConfig(block_m=8, consumers=2, stages=6, k_split=True, chunks_per_stage=4),
+             "fused16": HopperDequantConfig(block_m=16, consumers=2, stages=6, k_split=True, chunks_per_stage=4),
              "fused32": HopperDequantConfig(block_m=32, consumers=2, stages=8, k_split=True, chunks_per_stage=4),
              "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=5, k_split=True, chunks_per_stage=4),
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
@@ -108,11 +118,17 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
 
 
+#: (chunks per stage, stages) of the default fused configs for 8-bit weights, whose weight boxes are twice the
+#: 4-bit ones: fewer chunks per stage, deeper rings (H100, 8192^2 int8: fused128 39.2 us against 44.8 with 2 x 4,
+#: fused32 30.1 against 30.8 with 4 x 6; docs/perf-notes.md, fifth session)
+_FUSED_8BIT = {"fused8": (2, 8), "fused16": (2, 8), "fused32": (2, 8), "fused48": (2, 8), "fused64": (2, 6),
+               "fused96": (1, 8), "fused128": (1, 8)}
 #: fallbacks (chunks per stage, stages) of the default fused configs for K that is not a multiple of their
 #: ``HopperDequantConfig.k_multiple``: fewer chunks per stage, deeper rings (H100 measurements, ``docs/perf-notes.md``,
 #: "Fourth session")
-_FUSED_K_FALLBACKS = {"fused32": ((2, 8), (1, 8)), "fused48": ((2, 8), (1, 8)), "fused64": ((2, 6), (1, 8)),
-                      "fused96": ((1, 8),), "fused128": ((1, 8),), "fused128x2": ((1, 6),)}
+_FUSED_K_FALLBACKS = {"fused8": ((2, 8), (1, 8)), "fused16": ((2, 8), (1, 8)), "fused32": ((2, 8), (1, 8)),
+                      "fused48": ((2, 8), (1, 8)), "fused64": ((2, 6), (1, 8)), "fused96": ((1, 8),),
+                      "fused128": ((1, 8),), "fused128x2": ((1, 6),)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,7 +180,7 @@ class DequantGemm:
         self.group_size = self.K if group_size in (None, -1) else int(group_size)
         if self.group_size <= 0 or self.K % self.group_size or self.group_size % 64:
             raise TileShapeError(f"group_size={group_size} must divide K={K} and be a multiple of 64 (or -1)")
-        check_scheme(weight_format, zeros_mode)
+        self.bits, _ = check_scheme(weight_format, zeros_mode)
         self.weight_format, self.zeros_mode = weight_format, zeros_mode
         extra = ("hopper", "hopper_mid") + FUSED_PATHS + EXTRA_PATHS
         unknown = set(configs or {}) - set(PATHS) - set(extra)
@@ -172,6 +188,10 @@ class DequantGemm:
             raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + extra)}, not "
                                          f"{sorted(unknown)}")
         self.configs = dict(_DEFAULTS, **(configs or {}))
+        if self.bits == 8:
+            for path, (cps, stages) in _FUSED_8BIT.items():
+                if path not in (configs or {}):
+                    self.configs[path] = dataclasses.replace(self.configs[path], chunks_per_stage=cps, stages=stages)
         for path, steps in _FUSED_K_FALLBACKS.items():
             cfg = self.configs[path]
             if path not in (configs or {}) and self.K % cfg.k_multiple:
@@ -182,6 +202,15 @@ class DequantGemm:
                     if self.K % alt.k_multiple == 0:
                         self.configs[path] = alt
                         break
+        for path in FUSED_PATHS:
+            cfg = self.configs[path]
+            if path not in (configs or {}):
+                # wider weights (8 bits) fill the defaults' rings beyond shared memory: fewer stages (down to what
+                # the config's k_split / in_flight rules need; below that the path drops out in _fits)
+                least = (cfg.consumers if cfg.k_split else 1) * cfg.in_flight + 1
+                while cfg.stages > least and fused_smem_bytes(cfg, self.bits, self.group_size) > SMEM_LIMIT:
+                    cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+                self.configs[path] = cfg
         hopper = self.arch == "sm_90a"
         self.large_m = (LARGE_M if large_m is None else int(large_m)) if hopper else None
         self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None
@@ -205,7 +234,8 @@ class DequantGemm:
         if path in FUSED_PATHS:
             rows = 64 if cfg.k_split else 64 * cfg.consumers
             return (N % rows == 0 and K % cfg.k_multiple == 0
-                    and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None)
+                    and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None
+                    and fused_smem_bytes(cfg, self.bits, self.group_size) <= SMEM_LIMIT)
         return True
 
     def _fused(self) -> bool:
@@ -233,7 +263,9 @@ class DequantGemm:
         whose tiles do not fit N / K drops out and the path below it extends over its range."""
         if self._fused():
             start = dict({"gemv8": 1, "gemv16": 9}, **_FUSED_START, dense=self.dense_m)
-            paths = [p for p in ("gemv8", "gemv16") + FUSED_PATHS + ("dense",)
+            small = (("fused8", "fused16") if self.bits in FUSED_SMALL_M_BITS
+                     and self._fits("fused8") and self._fits("fused16") else ("gemv8", "gemv16"))
+            paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16) + ("dense",)
                      if self._fits(p) and start[p] < self.dense_m or p == "dense"]
             return self._spans(paths, start)
         start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,

@@ -49,13 +49,15 @@ from dataclasses import dataclass
 from mmaemit.dequant.kernel_layout import CHUNK
 from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
+from mmaemit.kernels.dequant_parts import WEIGHT_FORMATS
 
-__all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "HOPPER_FUSED_FORMATS"]
+__all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
+           "fused_smem_bytes", "scale_boxes"]
 
-#: weight formats of the fused Hopper path: every 4-bit code (the quad re-pairing moves nibbles, whatever they mean;
-#: the decode is the format's own program), one scale per (row, group), no zero points. int4_ob is what symmetric
-#: GPTQ checkpoints import as.
-HOPPER_FUSED_FORMATS = ("int4", "int4_ob", "uint4", "nf4", "float4_e2m1fn")
+#: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
+#: whatever they mean; the decode is the format's own program), one scale per (row, group), no zero points. int4_ob
+#: is what symmetric GPTQ checkpoints import as.
+HOPPER_FUSED_FORMATS = WEIGHT_FORMATS
 
 
 @dataclass(frozen=True)
@@ -98,38 +100,95 @@ class HopperDequantConfig:
         return CHUNK * self.chunks_per_stage * (self.consumers if self.k_split else 1)
 
 
-def quad_word_plan(bits: int = 4) -> dict:
-    """For 4-bit kernel-layout words: ``plan[h][H] = (shift, mask)`` so that the word a lane sends to quad lane c'
-    (h = c' % 2, s0 = c' // 2) is ``OR_H ((word[s0 + 2H] <<shift>> ) & mask)`` (positive shift = left).
+@dataclass(frozen=True)
+class QuadRepairPlan:
+    """How one lane quad turns its kernel-layout words into wgmma A-operand decode words (:func:`quad_word_plan`).
 
-    Derived from the layout facts: register i of a word (``fragment_order``: i = 2 * n8 half + b-half r) is decode
-    slots 2i, 2i + 1 at bits ``bit_positions(bits)[2i]``, ``[2i + 1]``; destination register (n, H) takes source
-    register (n, h)."""
+    ``words``: kernel-layout words per lane and 64-wide chunk (``bits``); ``bundle_words``: 32-bit words a lane
+    sends to each quad lane (the 8 codes lane c' contracts at k16 step S = the sender's quad index: 1 word up to 4
+    bits, 2 at 8 bits). ``build[c'][b]``: ``((src word, shift, mask), ...)``, bundle word b for quad lane c' =
+    ``OR ((word[src] <<shift>>) & mask)`` (positive shift = left); a 4 x 4 transpose over the quad then hands lane c
+    the bundles ``y[b][S]`` of every sender S. ``assemble[w]``: ``((S, b, shift), ...)``, decode word w =
+    ``OR (y[b][S] << shift)``: the decode program's input for registers ``[w R, (w + 1) R)`` (R = 16 / bits) in the
+    kernel layout's decode-slice order, now for wgmma's real-order k16 steps."""
+
+    bits: int
+    words: int
+    bundle_words: int
+    build: tuple
+    assemble: tuple
+
+    @property
+    def identity_assembly(self) -> bool:
+        """Whether every decode word is one received bundle word unshifted (4 and 8 bits)."""
+        return all(len(t) == 1 and t[0][2] == 0 for t in self.assemble)
+
+
+def quad_word_plan(bits: int = 4) -> QuadRepairPlan:
+    """The quad re-pairing of ``bits``-bit kernel-layout words (1, 2, 4 or 8) for the fused kernel's RS wgmma.
+
+    The kernel layout gives lane c the real columns 16c .. 16c + 15 of its two rows g, g + 8 (step s, B-fragment
+    register r = 2n + h, element e: real k = 16c + 4s + 2h + e); wgmma contracts a real-order activation tile, so at
+    k16 step S lane c needs real k = 16S + 8H + 2c + e for register r = 2n + H: lane S's step 2H + c // 2, register
+    2n + c % 2. Every position comes from the layout facts (``bit_positions``, the decode-slice rule of
+    :mod:`mmaemit.dequant.kernel_layout`); shifts that would have to differ within one move raise."""
     from mmaemit.dequant.interleave import bit_positions
+    from mmaemit.dequant.kernel_layout import words_per_chunk
 
-    if bits != 4:
-        raise UnsupportedConfigError(f"the quad re-pairing is defined for 4-bit words (one word per k16 step), "
-                                     f"not {bits}-bit")
+    if bits not in (1, 2, 4, 8):
+        raise UnsupportedConfigError(f"bits={bits!r}; valid: 1, 2, 4, 8")
     pos = bit_positions(bits)
     field = (1 << bits) - 1
+    R = 16 // bits                        # B-fragment registers per word (2 elements each)
 
-    def reg_mask(i):
-        return (field << pos[2 * i]) | (field << pos[2 * i + 1])
+    def place(rho, e):                    # register rho = 4 * step + r of a lane's chunk, element e -> (word, bit)
+        return rho // R, pos[2 * (rho % R) + e]
 
-    plan = {}
-    for h in range(2):
-        plan[h] = {}
-        for H in range(2):
-            shift, mask = None, 0
-            for n in range(2):
-                src, dst = 2 * n + h, 2 * n + H
-                sh = pos[2 * dst] - pos[2 * src]
-                if pos[2 * dst + 1] - pos[2 * src + 1] != sh or (shift is not None and sh != shift):
-                    raise AssertionError("register halves move by different shifts")
-                shift = sh
-                mask |= reg_mask(dst)
-            plan[h][H] = (shift, mask)
-    return plan
+    TB = max(1, bits // 4)
+    build = []
+    for cp in range(4):
+        terms = [{} for _ in range(TB)]   # per bundle word: (src word, shift) -> mask
+        for r in range(4):
+            n, H = r // 2, r % 2
+            for e in range(2):
+                sw, sb = place(4 * (2 * H + cp // 2) + 2 * n + cp % 2, e)
+                b, db = place(r, e)
+                terms[b][(sw, db - sb)] = terms[b].get((sw, db - sb), 0) | (field << db)
+        build.append(tuple(tuple((sw, sh, m) for (sw, sh), m in sorted(t.items())) for t in terms))
+    assemble = [dict() for _ in range(words_per_chunk(bits))]
+    for S in range(4):
+        for r in range(4):
+            for e in range(2):
+                b, db = place(r, e)
+                w, wb = place(4 * S + r, e)
+                if assemble[w].setdefault((S, b), wb - db) != wb - db:
+                    raise AssertionError(f"{bits}-bit: bundle word {b} of step {S} moves by two shifts")
+    return QuadRepairPlan(bits, words_per_chunk(bits), TB, tuple(build),
+                          tuple(tuple((S, b, sh) for (S, b), sh in sorted(a.items())) for a in assemble))
+
+
+def scale_boxes(chunks_per_stage: int, group: int) -> tuple:
+    """(scale boxes per stage, groups per box): one box of the stage's groups when the stage holds whole groups or
+    lies inside one group, else one box per chunk (a group of 192 with 2 chunks per stage)."""
+    span = CHUNK * chunks_per_stage
+    if span % group == 0 or group % span == 0:
+        return 1, max(1, span // group)
+    return chunks_per_stage, 1
+
+
+def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int) -> int:
+    """Dynamic shared memory of :func:`make_dequant_gemm_hopper` for ``config`` and ``bits``-bit weights (16-bit
+    activations; ``group_size`` the scale group along K, in elements): the ring's stages (per chunk a ``block_m`` x 64
+    activation box, the weight box of the tile's n16 blocks, the scale boxes), the output staging tile (or, with
+    ``k_split``, the consumers' hand-over buffer that contains it), the barriers and 2 KB of alignment slack."""
+    cfg = config
+    rows = 64 if cfg.k_split else 64 * cfg.consumers
+    nb = rows // 16
+    sps, gps = scale_boxes(cfg.chunks_per_stage, group_size)
+    stage = cfg.chunks_per_stage * cfg.block_m * CHUNK * 2 + nb * cfg.chunks_per_stage * 128 * bits + sps * nb * gps * 32
+    tail = ((cfg.consumers - 1) * 128 * (cfg.block_m // 2) * 4 if cfg.k_split
+            else (rows // 64) * cfg.block_m * 64 * 2)
+    return cfg.stages * stage + tail + 16 * cfg.stages + 2048
 
 
 def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
@@ -210,7 +269,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         M = tvm.tirx.Var("m", "int32")
     elif not isinstance(M, int) or isinstance(M, bool) or M < 1:
         raise TileShapeError(f"M must be a positive int, or None for a symbolic M; got {M!r}")
-    WPC = words_per_chunk(bits)           # 4 words per lane per n16 block and chunk = one per k16 step
+    WPC = words_per_chunk(bits)           # words per lane per n16 block and chunk (= bits)
+    KSTEPS = CHUNK // 16                  # wgmma k16 steps per chunk
     CPS = cfg.chunks_per_stage
     if CPS not in (1, 2, 4):
         raise UnsupportedConfigError(f"chunks_per_stage={CPS!r}; valid: 1, 2, 4")
@@ -231,26 +291,22 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     PAIRS = (KC - 1) // 2                 # in_flight=1, CPS=1: chunk pairs in the K loop before the peeled tail
     em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128,
                             stages=(ST, CPS), arch=arch)
-    if em.k_steps != WPC:
-        raise AssertionError(f"{em.k_steps} wgmma k steps per chunk but {WPC} words per lane")
+    if em.k_steps != KSTEPS:
+        raise AssertionError(f"{em.k_steps} wgmma k steps per chunk, expected {KSTEPS}")
     x_map_t = TmaTile.for_layout((M, K), em.shared_layout("B"))                 # activations: the wgmma B tile
-    # packed words, plain order: a tile's n16 block and chunk is 32 x WPC contiguous words, one 512-byte box row
-    # (measured: 3 % faster than the same box with 16-byte rows, [.., 32, WPC])
+    # packed words, plain order: a tile's n16 block and chunk is 32 x WPC contiguous words, one box row of 128 x bits
+    # bytes (measured at 4 bits: 3 % faster than the same box with 16-byte rows, [.., 32, WPC])
     w_map_t = TmaTile((N // 16, KT, 32 * WPC), "int32", (NB, CPS, 32 * WPC))
-    # a stage's scales: one box of GPS groups when the stage holds whole groups or lies inside one, else one box per
-    # chunk (a group of 192 with 2 chunks per stage). Chunk j reads box j (SPS > 1) or 0, group slot j * 64 // G
-    if (CHUNK * CPS) % G == 0 or G % (CHUNK * CPS) == 0:
-        SPS, GPS = 1, max(1, CHUNK * CPS // G)
-    else:
-        SPS, GPS = CPS, 1
+    SPS, GPS = scale_boxes(CPS, G)
     s_map_t = TmaTile((N // 16, K // G, 16), dtype, (NB, GPS, 16))
     c_map_t = TmaTile((M, N), dtype, (BT, 64))                                  # one box per consumer
     X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
     NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
     RED_BYTES = (NC - 1) * 128 * NACC * 4 if KS else 0
     STAGE_BYTES = CPS * X_BYTES + W_BYTES + SPS * S_BYTES
-    # k_split: the store's staging tile lives inside the hand-over buffer (BT x 64 halves <= BT / 2 x 128 floats)
-    smem = ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048
+    smem = fused_smem_bytes(cfg, bits, G)
+    if smem != ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048:
+        raise AssertionError("fused_smem_bytes disagrees with the kernel's boxes")
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}), "
                                      f"chunks_per_stage ({CPS}) or block_m ({BT})")
@@ -266,7 +322,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     # (k_split: one consumer per stage)
     ring = MbarrierRing(ST, 128 * RG, 1)
     program = kernel_decode_program(weight_format, dtype, "scale", arch.name)
-    R = program.registers                 # 4 B registers per word
+    R = program.registers                 # B-fragment registers per word (16 / bits)
     A_ORDER = wgmma_a_order(dtype)
     PLAN = quad_word_plan(bits)
     if NACC != em.local_size_c:
@@ -276,27 +332,47 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         w = word << T.uint32(shift) if shift > 0 else (word >> T.uint32(-shift) if shift < 0 else word)
         return w & T.uint32(mask)
 
-    def repair(wb, y, rr, q):
-        # y[c'] = the word for quad lane c' (built from this lane's words), then a 4 x 4 transpose over the quad:
-        # afterwards y[S] = the word lane S built for this lane = this lane's A-operand codes of k16 step S
-        for cp in range(4):
-            h, s0 = cp % 2, cp // 2
-            store(y, moved(wb[s0], *PLAN[h][0]) | moved(wb[s0 + 2], *PLAN[h][1]), (cp,))
-        for mk in (2, 1):
-            bit = (q & mk) != 0
-            for i in range(4):
-                if i & mk == 0:
-                    emit(T.ptx.shfl_sync.bfly.b32(rr[0], T.Select(bit, y[i], y[i ^ mk]), T.uint32(mk),
-                                                  T.uint32(0x1F), T.uint32(0xFFFFFFFF)))
-                    store(y, T.Select(bit, rr[0], y[i]), (i,))
-                    store(y, T.Select(bit, y[i ^ mk], rr[0]), (i ^ mk,))
+    TB = PLAN.bundle_words
 
-    def decode_steps(y, af, sp):
-        # word S decodes the B-fragment registers [n0 H0, n0 H1, n1 H0, n1 H1] of step S; they land in wgmma A
-        # order; register r's scale is that of its n8 half r // 2
-        for s in range(WPC):
-            regs = [af[4 * s + A_ORDER.index(r)] for r in range(R)]
-            program.emit(y[s], regs, scale_pair=[sp[r // 2] for r in range(R)])
+    def repair(wb, y, rr, q):
+        # y[4 b + c'] = bundle word b for quad lane c' (built from this lane's words), then a 4 x 4 transpose over the
+        # quad per bundle word: afterwards y[4 b + S] = what lane S built for this lane = its codes of k16 step S
+        for cp in range(4):
+            for b in range(TB):
+                terms = [moved(wb[sw], sh, m) for sw, sh, m in PLAN.build[cp][b]]
+                v = terms[0]
+                for t in terms[1:]:
+                    v = v | t
+                store(y, v, (4 * b + cp,))
+        for b in range(TB):
+            for mk in (2, 1):
+                bit = (q & mk) != 0
+                for i in range(4):
+                    if i & mk == 0:
+                        lo, hi = 4 * b + i, 4 * b + (i ^ mk)
+                        emit(T.ptx.shfl_sync.bfly.b32(rr[0], T.Select(bit, y[lo], y[hi]), T.uint32(mk),
+                                                      T.uint32(0x1F), T.uint32(0xFFFFFFFF)))
+                        store(y, T.Select(bit, rr[0], y[lo]), (lo,))
+                        store(y, T.Select(bit, y[hi], rr[0]), (hi,))
+
+    def decode_steps(wb, y, af, sp):
+        # decode word w (assembled from the received bundles; 4 / 8 bits: one bundle word as is) gives the
+        # B-fragment registers rho = w R .. w R + R - 1 = 4 S + r (r = [n0 H0, n0 H1, n1 H0, n1 H1] of k16 step S);
+        # they land in wgmma A order; register r's scale is that of its n8 half r // 2
+        for w in range(WPC):
+            terms = PLAN.assemble[w]
+            if PLAN.identity_assembly:
+                word = y[4 * terms[0][1] + terms[0][0]]
+            else:
+                v = None
+                for S, b, sh in terms:
+                    t = y[4 * b + S] << T.uint32(sh) if sh else y[4 * b + S]
+                    v = t if v is None else v | t
+                store(wb, v, (w,))
+                word = wb[w]
+            rhos = [w * R + i for i in range(R)]
+            regs = [af[4 * (rho // 4) + A_ORDER.index(rho % 4)] for rho in rhos]
+            program.emit(word, regs, scale_pair=[sp[(rho % 4) // 2] for rho in rhos])
 
     @T.inline
     def sub(Ss, Ws, acc, af, wb, y, rr, sv, sp, desc, s, it, u, j, first, blk, lane, g, q, final):
@@ -308,9 +384,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         repair(wb, y, rr, q)
         sp[0] = pair_of_column(sv[0], sv[1], g, 0)
         sp[1] = pair_of_column(sv[0], sv[1], g, 1)
-        decode_steps(y, af, sp)
+        decode_steps(wb, y, af, sp)
         em.fence()
-        for ks in T.unroll(WPC):
+        for ks in T.unroll(KSTEPS):
             em.mma([acc[i] for i in range(NACC)], [af[4 * ks + i] for i in range(4)], desc, ks,
                    stage=(s, j), scale_d=(u > first if j == 0 else True) if ks == 0 else True)
         em.commit_group()
@@ -414,10 +490,10 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             g = T.meta_var(lane // 4)
             q = T.meta_var(lane % 4)
             acc = T.alloc_local((NACC,), "float32")
-            af0 = T.alloc_local((4 * WPC,), "uint32")
-            af1 = T.alloc_local((4 * WPC,), "uint32")
+            af0 = T.alloc_local((4 * KSTEPS,), "uint32")
+            af1 = T.alloc_local((4 * KSTEPS,), "uint32")
             wb = T.alloc_local((WPC,), "uint32")
-            y = T.alloc_local((4,), "uint32")
+            y = T.alloc_local((4 * PLAN.bundle_words,), "uint32")
             rr = T.alloc_local((1,), "uint32")
             sv = T.alloc_local((2,), "uint32")
             sp = T.alloc_local((2,), "uint32")

@@ -18,7 +18,7 @@ ZEROS_MODES = (None, "original", "rescale", "quantized")
 
 def kernel_decode_program(weight_format, dtype, mode, arch, variant="shift"):
     """The decode program: the fast path where one exists on ``arch`` (``decode.FAST_DECODE``), else the exact
-    reference converter (e.g. nf4, e2m1 / int8 / e4m3 to bf16, e4m3 below sm_89 or with ``arch=None``)."""
+    reference converter (e.g. nf4 with a scale, e2m1 / e4m3 to bf16, e4m3 below sm_89 or with ``arch=None``)."""
     from mmaemit.errors import MmaemitError
 
     try:
