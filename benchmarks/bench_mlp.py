@@ -24,6 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mmaemit.bench.report import environment, header_lines  # noqa: E402
+import mmaemit.nn as mmaemit_nn  # noqa: E402
 from mmaemit.nn import QuantLinear  # noqa: E402
 from mmaemit.runtime.timing import median_time  # noqa: E402
 
@@ -152,6 +153,8 @@ def main(argv=None):
                            for n, m in block.named_children()})
         twin = exact_twin(q, dtype)
         print(f"{name}: quantized and repacked in {time.time() - t0:.1f} s", flush=True)
+        print(f"{name}: every M path of every layer shape compiled in {mmaemit_nn.warmup(q):.1f} s "
+              f"(mmaemit.nn.warmup, worker processes)", flush=True)
         for M in args.ms:
             x = torch.randn(M, HIDDEN, device="cuda", generator=gen).to(dtype)
             t0 = time.time()

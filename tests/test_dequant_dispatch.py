@@ -1,6 +1,7 @@
 """Dynamic M: the symbolic-M dequant kernels (GEMV, tiled, dense + Hopper GEMM) on the interpreter for ragged M, the
 DequantGemm dispatcher's plan, and on the GPU every M from 1 to 4096 with poisoned outputs and CUDA-graph capture."""
 import functools
+import os
 
 import pytest
 import torch
@@ -353,3 +354,28 @@ def test_gemv32_path_by_name_on_the_interpreter():
         assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
     with pytest.raises(ArgumentError, match="gemv32 serves M <= 32"):
         dg.run_path("gemv32", torch.randn(33, K, dtype=torch.float16), *ts)
+
+
+def test_parallel_warmup_builds_in_workers_and_loads_from_the_cache(tmp_path, monkeypatch):
+    """warmup(workers=2) off the interpreter: spawned workers build every path's cubin into the on-disk cache, this
+    process then loads them (the same sources: exactly one cubin per kernel, none added by the loads), the caller's
+    environment untouched; a second warmup compiles nothing."""
+    from mmaemit.errors import ToolchainError
+    from mmaemit.runtime.toolchain import find_nvcc
+
+    try:
+        find_nvcc()
+    except ToolchainError:
+        pytest.skip("needs nvcc")
+    monkeypatch.setenv("MMAEMIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MMAEMIT_CUBIN_CACHE", raising=False)
+    g = DequantGemm(256, 1024, arch="sm_80", interpret=False)
+    plan = [r[0] for r in g.ranges]
+    assert plan == ["gemv8", "gemv16", "gemv32", "tiled64", "tiled128"]
+    g.warmup(workers=2)
+    assert set(g._kernels) == set(plan)
+    assert len(list(tmp_path.glob("*.cubin"))) == len(plan)
+    assert "MMAEMIT_CUBIN_CACHE" not in os.environ
+    kernels = dict(g._kernels)
+    g.warmup(workers=2)
+    assert all(g._kernels[p] is kernels[p] for p in plan)

@@ -73,7 +73,7 @@ from .dequant_parts import check_scheme
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS", "EXTRA_PATHS",
-           "prebuild"]
+           "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -218,6 +218,9 @@ class DequantGemm:
             self.wide_m = self.large_m
         self.dense_m = (FUSED_DENSE_M if dense_m is None else int(dense_m)) if hopper else None
         self.use_fused = fused
+        self._spec = dict(N=self.N, K=self.K, group_size=group_size, dtype=self.dtype, weight_format=weight_format,
+                          zeros_mode=zeros_mode, arch=self.arch, large_m=large_m, wide_m=wide_m, dense_m=dense_m,
+                          fused=fused, configs=dict(configs or {}), interpret=self.interpret)
         self.ranges = self._plan()
         self._funcs: dict = {}
         self._kernels: dict = {}
@@ -323,22 +326,28 @@ class DequantGemm:
             self._funcs[path] = self._build(path)
         return self._funcs[path]
 
-    def kernels(self, path):
-        """The compiled kernel(s) of a path (compiled once)."""
+    def kernels(self, path, cubin_cache=None):
+        """The compiled kernel(s) of a path (compiled once; ``cubin_cache`` as :func:`mmaemit.compile`)."""
         if path not in self._kernels:
             import mmaemit
 
             if path.startswith("dense"):       # one dequant kernel serves both dense paths
-                self._kernels[path] = (self.kernels("dequant")[0],
-                                       mmaemit.compile(self.funcs(path)[1], target=self.arch))
+                self._kernels[path] = (self.kernels("dequant", cubin_cache)[0],
+                                       mmaemit.compile(self.funcs(path)[1], target=self.arch, cubin_cache=cubin_cache))
             else:
-                self._kernels[path] = tuple(mmaemit.compile(f, target=self.arch) for f in self.funcs(path))
+                self._kernels[path] = tuple(mmaemit.compile(f, target=self.arch, cubin_cache=cubin_cache)
+                                            for f in self.funcs(path))
         return self._kernels[path]
 
-    def warmup(self):
-        """Build (and, off the interpreter, compile) every path now; returns self."""
-        for path, _, _ in self.ranges:
-            self.funcs(path) if self.interpret else self.kernels(path)
+    def spec(self) -> dict:
+        """The constructor arguments that rebuild this object (``arch`` resolved), e.g. in a worker process."""
+        return dict(self._spec)
+
+    def warmup(self, workers=None):
+        """Build (and, off the interpreter, compile) every path of the plan now; returns self. ``workers``: as
+        :func:`warmup_all` (None: the cubins of the paths not compiled yet are built in parallel worker processes,
+        then loaded here; 1: one after the other in this process)."""
+        warmup_all([self], workers)
         return self
 
     # ------------------------------------------------------------------------------------------------ calling
@@ -409,8 +418,17 @@ def _prebuild_one(item):
 
     spec, path = item
     t = time.time()
-    DequantGemm(**spec).kernels(path)
+    DequantGemm(**spec).kernels(path, cubin_cache=True)
     return path, time.time() - t
+
+
+def _build_in_workers(items, workers=None):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers or min(len(items), os.cpu_count() or 4),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_prebuild_one, items))
 
 
 def prebuild(specs, workers=None) -> float:
@@ -418,9 +436,7 @@ def prebuild(specs, workers=None) -> float:
     (``MMAEMIT_CUBIN_CACHE=1`` is set here; set it in the process that then uses the kernels, which only loads them).
     ``specs``: dicts of DequantGemm's arguments (``arch`` included) plus ``paths`` (None = every path). Returns the
     wall time in seconds."""
-    import multiprocessing
     import time
-    from concurrent.futures import ProcessPoolExecutor
 
     os.environ["MMAEMIT_CUBIN_CACHE"] = "1"
     items = []
@@ -430,7 +446,39 @@ def prebuild(specs, workers=None) -> float:
         for path in paths or [r[0] for r in DequantGemm(**spec).ranges]:
             items.append((spec, path))
     t = time.time()
-    with ProcessPoolExecutor(max_workers=workers or min(len(items), os.cpu_count() or 4),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_prebuild_one, items))
+    _build_in_workers(items, workers)
+    return time.time() - t
+
+
+def warmup_all(gemms, workers=None) -> float:
+    """Build (and, off the interpreter, compile) the plan of every :class:`DequantGemm` in ``gemms`` (e.g. the
+    distinct shapes of a model's layers); returns the wall time in seconds. ``workers``: None = with more than one
+    path left to compile and nvcc at hand, the cubins are built by up to ``os.cpu_count()`` spawned worker processes
+    into the on-disk cubin cache (``$MMAEMIT_CACHE_DIR``) and then loaded here (``cubin_cache=True``: each load still
+    lowers the PrimFunc, ~1/3 of a compile); an int caps the processes; 1 compiles one after the other in this
+    process. After it, a call never compiles."""
+    import time
+
+    from mmaemit.errors import ToolchainError
+    from mmaemit.runtime.toolchain import find_nvcc
+
+    t = time.time()
+    todo = []
+    for g in gemms:
+        for path, _, _ in g.ranges:
+            if g.interpret:
+                g.funcs(path)
+            elif path not in g._kernels:
+                todo.append((g, path))
+    cache = None
+    if (workers is None or workers > 1) and len(todo) > 1:
+        try:
+            find_nvcc()
+        except ToolchainError:
+            pass                      # no nvcc: TVM's own JIT, serially
+        else:
+            _build_in_workers([(g.spec(), p) for g, p in todo], workers)
+            cache = True
+    for g, path in todo:
+        g.kernels(path, cubin_cache=cache)
     return time.time() - t

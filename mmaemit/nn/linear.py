@@ -28,7 +28,7 @@ from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 
 from . import ops
 
-__all__ = ["QuantLinear"]
+__all__ = ["QuantLinear", "warmup"]
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -262,12 +262,19 @@ class QuantLinear(nn.Module):
         return b
 
     # -------------------------------------------------------------------------------------------- use
-    def warmup(self):
-        """Compile every M path of this layer's kernels now (GPU; before serving or CUDA-graph capture)."""
+    def warmup(self, workers=None):
+        """Compile every M path of this layer's kernels now (GPU; before serving or CUDA-graph capture). The paths
+        compile in parallel worker processes (``workers``: None = up to the CPU count, 1 = serially here); for a
+        whole model, :func:`warmup` (one pool for every layer shape)."""
         if self.qweight.is_cuda:
             ops.warmup(self.out_features, self.in_features, self.group_size, self.dtype, self.weight_format,
-                       self.zeros_mode or "", self.qweight.device)
+                       self.zeros_mode or "", self.qweight.device, workers)
         return self
+
+    def gemm(self):
+        """The shared :class:`~mmaemit.kernels.dequant_dispatch.DequantGemm` of this layer's problem on its device."""
+        return ops.gemm_for(self.out_features, self.in_features, self.group_size, self.dtype, self.weight_format,
+                            self.zeros_mode or "", self.qweight.device)
 
     def forward(self, x):
         if x.dtype != self.dtype:
@@ -301,3 +308,19 @@ class QuantLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}{parts}, {self.weight_format} "
                 f"g{self.group_size}, zeros={self.zeros_mode}, dtype={_DTYPES[self.dtype]}, "
                 f"bias={self.bias is not None}, act_order={self.perm is not None}")
+
+
+def warmup(model, workers=None) -> float:
+    """Compile every M path of every CUDA :class:`QuantLinear` in ``model`` (an ``nn.Module``, searched with
+    ``modules()``, or an iterable of layers) in one pool of worker processes: layers of the same problem share
+    their kernels, so each distinct shape compiles once. ``workers``: as
+    :func:`~mmaemit.kernels.dequant_dispatch.warmup_all`. Returns the wall time in seconds."""
+    from mmaemit.kernels.dequant_dispatch import warmup_all
+
+    layers = model.modules() if isinstance(model, nn.Module) else model
+    gemms = {}
+    for layer in layers:
+        if isinstance(layer, QuantLinear) and layer.qweight.is_cuda:
+            g = layer.gemm()
+            gemms[id(g)] = g
+    return warmup_all(list(gemms.values()), workers)

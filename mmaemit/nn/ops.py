@@ -53,9 +53,10 @@ def gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device=None, *,
         return g
 
 
-def warmup(N, K, group_size, dtype, weight_format, zeros_mode, device):
-    """Compile every M path of a problem's DequantGemm now."""
-    gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device).warmup()
+def warmup(N, K, group_size, dtype, weight_format, zeros_mode, device, workers=None):
+    """Compile every M path of a problem's DequantGemm now (``workers``: as
+    :func:`~mmaemit.kernels.dequant_dispatch.warmup_all`)."""
+    gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device).warmup(workers)
 
 
 def dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_mode):
