@@ -15,6 +15,9 @@ def _gpu_available() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     if _gpu_available():
+        # the longest tests first (stable otherwise): pytest-xdist hands tests out in this order, so a minute-long
+        # test no longer starts last and sets the end of the run
+        items.sort(key=lambda item: "heavy" not in item.keywords)
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible)")
     for item in items:

@@ -297,6 +297,7 @@ def _gpu_problem(n, k, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_dispatcher_every_m_on_the_gpu(dtype):
     """M = 1 .. 4096 (ragged ones included) through one warmed-up dispatcher: no compile after warm-up, every row

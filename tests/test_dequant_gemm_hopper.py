@@ -281,6 +281,7 @@ def test_fused_hopper_on_gpu(M, dtype, group):
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy
 @pytest.mark.parametrize("fmt, dtype", [("int4_ob", torch.float16), ("nf4", torch.float16), ("int8", torch.bfloat16),
                                         ("int2", torch.float16)])
 def test_fused_paths_other_formats_on_gpu(fmt, dtype):

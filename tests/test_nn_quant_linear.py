@@ -273,6 +273,7 @@ def test_layer_on_the_interpreter(monkeypatch):
 
 # ---------------------------------------------------------------- GPU
 @pytest.mark.gpu
+@pytest.mark.heavy
 def test_gpu_quant_mlp_compile_graph_and_ragged_m(tmp_path):
     """A small quantized MLP on the GPU: ragged M with the warmed kernels, torch.compile (inductor, fullgraph) and a
     CUDA graph replay, each against the exact dequantized weights; a GPTQ act-order checkpoint repacked on the GPU."""

@@ -134,6 +134,7 @@ def test_a_new_family_joins_the_candidates():
 
 # ------------------------------------------------------------------ GPU
 @pytest.mark.gpu
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype, trans_b", [("float16", False), ("int8", True)])
 def test_tuned_gemm_on_the_gpu(dtype, trans_b, monkeypatch):
     from mmaemit.kernels.gemm_mma import random_inputs, reference
@@ -153,6 +154,7 @@ def test_tuned_gemm_on_the_gpu(dtype, trans_b, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy
 @pytest.mark.parametrize("M", [1, 64, 256])
 def test_tuned_dequant_gemm_on_the_gpu(M, monkeypatch):
     monkeypatch.setenv("MMAEMIT_AUTOTUNE", "1")
@@ -174,6 +176,7 @@ def test_integer_gemm_reference_is_exact(dtype, trans_b):
 
 
 @pytest.mark.gpu
+@pytest.mark.heavy
 def test_a_hanging_gpu_kernel_is_killed_and_the_next_one_is_measured(monkeypatch, tmp_path):
     import time
 
@@ -181,8 +184,9 @@ def test_a_hanging_gpu_kernel_is_killed_and_the_next_one_is_measured(monkeypatch
     from mmaemit.tuning import autotune
 
     monkeypatch.setenv("MMAEMIT_CACHE_DIR", str(tmp_path))
-    # spin 256: 65536 dependent steps per thread, ~1 ms slower than spin 0 whatever else shares the GPU (spin 4 and
-    # spin 64 were within the noise of other tests' kernels under pytest-xdist -n 8 and each won once)
+    # spin 256: 65536 dependent steps of a quadratic recurrence per thread (an affine one was folded by ptxas and
+    # lost to spin 0 under load once), a wide margin whatever else shares the GPU (spin 4 and spin 64 were within
+    # the noise of other tests' kernels under pytest-xdist -n 8 and each won once)
     tk = autotune(spin=[0, 1 << 20, 256], inputs=G.spin_inputs, reference=G.spin_reference, outputs=[1],
                   run_timeout=15, confirm=0)(G.spin_kernel)
     t0 = time.perf_counter()
