@@ -1,7 +1,8 @@
 """Hopper (sm_90a) fused dequant GEMM: TMA + mbarrier ring + warp-specialized wgmma, decode inside the pipeline.
 
 C[M, N] = A[M, K] @ dequant(W)[N, K]^T with W / S in the kernel layout of :mod:`mmaemit.dequant.kernel_layout`
-(``kernel_arguments``), so the packed weight crosses HBM once, at 4 bits (no fp16 scratch as in ``dense`` paths).
+(``kernel_arguments``), so the packed weight crosses HBM once, at its 1, 2, 4 or 8 bits (no fp16 scratch as in
+``dense`` paths).
 Like :mod:`mmaemit.kernels.dequant_gemm_wgmma` it computes ``C^T = W @ A^T``: the decoded weights are the
 register-sourced A operand of ``wgmma`` (RS form), the activations the shared-memory B operand.
 
@@ -12,11 +13,11 @@ Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`
   ring stage (``MbarrierRing``), arms the full barrier and issues the stage's TMA box loads: per chunk the activation
   tile (``block_m`` x 64, 128-byte swizzle, the wgmma B layout: ``TmaTile.for_layout`` of the emitter's shared
   layout; rows >= M are zero-filled by TMA bounds), one box of packed weights (4 n16 blocks per 64-row group x the
-  stage's chunks of kernel-layout words: 512 contiguous bytes per block and chunk) and one box of group scales (32
+  stage's chunks of kernel-layout words: 128 x bits contiguous bytes per block and chunk) and one box of group scales (32
   bytes per n16 block and group; one box per chunk where a group straddles stages). The ring costs a roughly fixed
   time per stage (measured on the H100), so a stage of 4 chunks at small M;
-* consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's 4 words
-  (16 bytes), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
+* consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's ``bits``
+  words (4 bytes x bits), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
   (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit;
   ``in_flight=1`` (default): two A-register buffers (K loop unrolled by 2), ``wait_group 1`` after the commit retires
   the previous chunk, whose stage is then released, so a chunk decodes while the previous one's wgmmas run; the
@@ -32,11 +33,13 @@ Why the re-pairing: the kernel layout permutes K inside every 64-chunk so that l
 columns 16c .. 16c + 15 (its word s holds k16 step s: real k = 16c + 4s + 2h + e for register half h). That order
 suits the mma.sync kernels' 16-byte activation loads, but TMA copies the activations in real order and wgmma then
 contracts step S over real k = 16S + 8H + 2c + e for lane c. So lane c needs, for step S, the codes that lane S
-holds in words c//2 (H = 0) and c//2 + 2 (H = 1), register half c % 2. Each lane builds 4 words
-``Y[c'] = word[c'//2] half c'%2 | word[c'//2 + 2] half c'%2`` (nibble moves derived from
+holds in its steps c//2 (H = 0) and c//2 + 2 (H = 1), register half c % 2. At 4 bits (one word per step) each lane
+builds 4 words ``Y[c'] = word[c'//2] half c'%2 | word[c'//2 + 2] half c'%2`` (code moves derived from
 :func:`mmaemit.dequant.interleave.bit_positions`, :func:`quad_word_plan`), and a 4 x 4 transpose over the quad
 (two ``shfl.sync.bfly`` stages, 4 shuffles per chunk) hands lane c the word ``Y_S[c]`` of every lane S: a word in
-the decode program's own input order for wgmma k16 step S. Scales are per (row, group): unchanged.
+the decode program's own input order for wgmma k16 step S. At 8 bits a bundle is two words (one per n8 half; two
+transposes); at 2 and 1 bits a bundle fills part of a word, placed as for step 0 and shifted into its decode word
+after the transpose (``QuadRepairPlan.assemble``). Scales are per (row, group): unchanged.
 
 Scales: ``S`` [N/16, K/G, 4, 4] is viewed as [N/16, K/G, 16] (a row of 4 halves is below TMA's 16-byte box
 minimum; 16 halves are 32 bytes) and travels in the ring; each consumer lane reads its 8 bytes with one
