@@ -355,10 +355,16 @@ def test_gemv32_path_by_name_on_the_interpreter():
         dg.run_path("gemv32", torch.randn(33, K, dtype=torch.float16), *ts)
 
 
-def test_parallel_warmup_builds_in_workers_and_loads_from_the_cache(tmp_path, monkeypatch):
-    """warmup(workers=2) off the interpreter: spawned workers build every path's cubin into the on-disk cache, this
-    process then loads them (the same sources: exactly one cubin per kernel, none added by the loads), the caller's
-    environment untouched; a second warmup compiles nothing."""
+def test_parallel_warmup_builds_in_workers_and_loads_from_the_cache(tmp_path):
+    """warmup(workers=2) off the interpreter, called at the top level of a script WITHOUT an ``if __name__ ==
+    "__main__"`` guard (multiprocessing's spawned workers would re-import it): the workers build every path's cubin
+    into the on-disk cache, the script's process then loads them (the same sources: exactly one cubin per kernel, none
+    added by the loads), no warning of a failed worker, its environment untouched; a second warmup compiles
+    nothing."""
+    import json
+    import subprocess
+    import sys
+
     from mmaemit.errors import ToolchainError
     from mmaemit.runtime.toolchain import find_nvcc
 
@@ -366,15 +372,25 @@ def test_parallel_warmup_builds_in_workers_and_loads_from_the_cache(tmp_path, mo
         find_nvcc()
     except ToolchainError:
         pytest.skip("needs nvcc")
-    monkeypatch.setenv("MMAEMIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("MMAEMIT_CUBIN_CACHE", raising=False)
-    g = DequantGemm(256, 1024, arch="sm_80", interpret=False)
-    plan = [r[0] for r in g.ranges]
-    assert plan == ["gemv8", "gemv16", "gemv32", "tiled64", "tiled128"]
-    g.warmup(workers=2)
-    assert set(g._kernels) == set(plan)
-    assert len(list(tmp_path.glob("*.cubin"))) == len(plan)
-    assert "MMAEMIT_CUBIN_CACHE" not in os.environ
-    kernels = dict(g._kernels)
-    g.warmup(workers=2)
-    assert all(g._kernels[p] is kernels[p] for p in plan)
+    script = tmp_path / "warm.py"
+    script.write_text(
+        "import json, os, warnings\n"
+        "from mmaemit.kernels.dequant_dispatch import DequantGemm\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    g = DequantGemm(256, 1024, arch='sm_80', interpret=False)\n"
+        "    g.warmup(workers=2)\n"
+        "    first = dict(g._kernels)\n"
+        "    g.warmup(workers=2)\n"
+        "print(json.dumps({'plan': [r[0] for r in g.ranges], 'kernels': sorted(g._kernels),\n"
+        "                  'same': all(g._kernels[p] is first[p] for p in first),\n"
+        "                  'env': os.environ.get('MMAEMIT_CUBIN_CACHE'),\n"
+        "                  'failed': [str(w.message) for w in caught if 'parallel warm-up' in str(w.message)]}))\n")
+    env = dict(os.environ, MMAEMIT_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("MMAEMIT_CUBIN_CACHE", None)
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["plan"] == ["gemv8", "gemv16", "gemv32", "tiled64", "tiled128"]
+    assert out["kernels"] == sorted(out["plan"]) and out["same"] and out["env"] is None and not out["failed"]
+    assert len(list((tmp_path / "cache").glob("*.cubin"))) == len(out["plan"])

@@ -422,17 +422,45 @@ def _prebuild_one(item):
     return path, time.time() - t
 
 
-def _build_in_workers(items, workers=None):
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def _worker_main():
+    """Entry of a build worker (:func:`_build_in_workers`): pickled [(spec, path)] on stdin, each compiled into the
+    cubin cache."""
+    import pickle
+    import sys
 
-    with ProcessPoolExecutor(max_workers=workers or min(len(items), os.cpu_count() or 4),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_prebuild_one, items))
+    for item in pickle.loads(sys.stdin.buffer.read()):
+        _prebuild_one(item)
+
+
+def _build_in_workers(items, workers=None):
+    """Compile [(DequantGemm spec, path)] into the cubin cache in fresh interpreter processes (not multiprocessing:
+    its spawned children re-import the caller's ``__main__``, which breaks a script that calls ``warmup()`` outside
+    an ``if __name__ == "__main__"`` guard). Raises ``RuntimeError`` with a worker's stderr if one fails."""
+    import pickle
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import mmaemit
+
+    n = max(1, min(workers or os.cpu_count() or 4, len(items)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mmaemit.__file__)))
+    env = dict(os.environ, MMAEMIT_CUBIN_CACHE="1",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    code = "from mmaemit.kernels.dequant_dispatch import _worker_main; _worker_main()"
+
+    def run(chunk):
+        r = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(chunk), env=env, capture_output=True)
+        if r.returncode:
+            raise RuntimeError(f"a kernel build worker failed (exit {r.returncode}): "
+                               f"{r.stderr.decode(errors='replace')[-2000:]}")
+
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(run, [items[i::n] for i in range(n)]))
 
 
 def prebuild(specs, workers=None) -> float:
-    """Compile the paths of several problems in spawned worker processes into the on-disk cubin cache
+    """Compile the paths of several problems in worker processes into the on-disk cubin cache
     (``MMAEMIT_CUBIN_CACHE=1`` is set here; set it in the process that then uses the kernels, which only loads them).
     ``specs``: dicts of DequantGemm's arguments (``arch`` included) plus ``paths`` (None = every path). Returns the
     wall time in seconds."""
@@ -453,7 +481,8 @@ def prebuild(specs, workers=None) -> float:
 def warmup_all(gemms, workers=None) -> float:
     """Build (and, off the interpreter, compile) the plan of every :class:`DequantGemm` in ``gemms`` (e.g. the
     distinct shapes of a model's layers); returns the wall time in seconds. ``workers``: None = with more than one
-    path left to compile and nvcc at hand, the cubins are built by up to ``os.cpu_count()`` spawned worker processes
+    path left to compile and nvcc at hand, the cubins are built by up to ``os.cpu_count()`` worker processes (fresh
+    interpreters; a failed worker is reported as a ``PerformanceWarning`` and its paths compile here instead)
     into the on-disk cubin cache (``$MMAEMIT_CACHE_DIR``) and then loaded here (``cubin_cache=True``: each load still
     lowers the PrimFunc, ~1/3 of a compile); an int caps the processes; 1 compiles one after the other in this
     process. After it, a call never compiles."""
@@ -477,7 +506,15 @@ def warmup_all(gemms, workers=None) -> float:
         except ToolchainError:
             pass                      # no nvcc: TVM's own JIT, serially
         else:
-            _build_in_workers([(g.spec(), p) for g, p in todo], workers)
+            try:
+                _build_in_workers([(g.spec(), p) for g, p in todo], workers)
+            except RuntimeError as e:   # what the workers did not build compiles below, in this process
+                import warnings
+
+                from mmaemit.errors import PerformanceWarning
+
+                warnings.warn(f"parallel warm-up failed, compiling in this process instead: {e}", PerformanceWarning,
+                              stacklevel=2)
             cache = True
     for g, path in todo:
         g.kernels(path, cubin_cache=cache)
