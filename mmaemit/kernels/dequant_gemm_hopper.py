@@ -219,7 +219,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     isa.require_feature("cp.async.bulk", arch)
     if weight_format not in HOPPER_FUSED_FORMATS:
         raise UnsupportedConfigError(f"the fused Hopper path takes weight_format in {choices(HOPPER_FUSED_FORMATS)}, "
-                                     f"not {weight_format!r} (other formats: the 'wgmma' or 'dense' paths)")
+                                     f"not {weight_format!r} (block-scaled mxfp4 / nvfp4 have no kernel layout)")
     if zeros_mode is not None:
         raise UnsupportedConfigError(f"the fused Hopper path takes no zero points (zeros_mode=None), not "
                                      f"{zeros_mode!r}")
