@@ -1,9 +1,9 @@
 """Dynamic-M dequant GEMM: one object per weight shape, a few kernels compiled once, every M served without compiling.
 
 ``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call).
-On sm_90a with 4-bit weights without zero points whose scaled decode has a fast program (int4, int4_ob = symmetric
-GPTQ, uint4, and float4_e2m1fn with fp16 activations; not nf4, whose fused kernel would run the reference converter:
-0.31x cuBLAS at M=32 on the H100; N a multiple of 64) the plan is
+On sm_90a with weights without zero points whose scaled decode has a fast program (int4, int4_ob = symmetric GPTQ,
+uint4, 8-bit integers, int2 / int1, and fp4 / fp8 with fp16 activations; not nf4, whose fused kernel would run the
+reference converter: 0.31x cuBLAS at M=32 on the H100; N a multiple of 64) the plan is
 
 ==============  ====================  ==========================================================================
 path            M range (defaults)    kernel
@@ -11,7 +11,7 @@ path            M range (defaults)    kernel
 ``gemv8``       1 .. 8                :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
 ``gemv16``      9 .. 16               the same with ``m_max=16`` (two A rows per lane)
 ``fused32``     17 .. 32              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
-                                      mbarrier ring, warp-specialized, int4 decoded into RS wgmma), 32 activation
+                                      mbarrier ring, warp-specialized, codes decoded into RS wgmma), 32 activation
                                       rows x 64 weight rows per tile, two consumer warpgroups splitting K
                                       (``k_split``), 8 stages of 4 chunks (fewer for K not a multiple of 512)
 ``fused48``     33 .. 48              the same, 48 activation rows, 5 stages
@@ -26,7 +26,10 @@ path            M range (defaults)    kernel
                                       (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``, 128 x 256)
 ==============  ====================  ==========================================================================
 
-(``dense_m`` default :data:`FUSED_DENSE_M`.) Other formats, zero points, or GPUs without wgmma:
+(``dense_m`` default :data:`FUSED_DENSE_M`; the stages and chunks above are the 4-bit rings.) 8-bit weights
+(:data:`FUSED_SMALL_M_BITS`) take ``fused8`` (1 .. 8) and ``fused16`` (9 .. 16), 8- and 16-row tiles of the same
+kernel, instead of the GEMVs, and rings of fewer chunks per stage (twice the weight bytes per chunk; any default ring
+that would not fit shared memory loses stages). Other formats, zero points, or GPUs without wgmma:
 
 =============  ===========================  ====================================================================
 path           M range (defaults)           kernel
@@ -72,8 +75,8 @@ from .dequant_gemm_wgmma import WgmmaConfig, make_dequant_gemm_wgmma
 from .dequant_parts import check_scheme
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
-__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS", "EXTRA_PATHS",
-           "prebuild", "warmup_all"]
+__all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
+           "EXTRA_PATHS", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -188,29 +191,9 @@ class DequantGemm:
             raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + extra)}, not "
                                          f"{sorted(unknown)}")
         self.configs = dict(_DEFAULTS, **(configs or {}))
-        if self.bits == 8:
-            for path, (cps, stages) in _FUSED_8BIT.items():
-                if path not in (configs or {}):
-                    self.configs[path] = dataclasses.replace(self.configs[path], chunks_per_stage=cps, stages=stages)
-        for path, steps in _FUSED_K_FALLBACKS.items():
-            cfg = self.configs[path]
-            if path not in (configs or {}) and self.K % cfg.k_multiple:
-                # the default's chunks per stage do not divide K: the largest fallback that does (else unchanged,
-                # and the path drops out of the plan in _fits)
-                for cps, stages in steps:
-                    alt = dataclasses.replace(cfg, chunks_per_stage=cps, stages=stages)
-                    if self.K % alt.k_multiple == 0:
-                        self.configs[path] = alt
-                        break
         for path in FUSED_PATHS:
-            cfg = self.configs[path]
-            if path not in (configs or {}):
-                # wider weights (8 bits) fill the defaults' rings beyond shared memory: fewer stages (down to what
-                # the config's k_split / in_flight rules need; below that the path drops out in _fits)
-                least = (cfg.consumers if cfg.k_split else 1) * cfg.in_flight + 1
-                while cfg.stages > least and fused_smem_bytes(cfg, self.bits, self.group_size) > SMEM_LIMIT:
-                    cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
-                self.configs[path] = cfg
+            if path not in (configs or {}):       # a config the caller passes is never changed
+                self.configs[path] = self._default_fused(path, self.configs[path])
         hopper = self.arch == "sm_90a"
         self.large_m = (LARGE_M if large_m is None else int(large_m)) if hopper else None
         self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None
@@ -225,6 +208,24 @@ class DequantGemm:
         self._funcs: dict = {}
         self._kernels: dict = {}
 
+    def _default_fused(self, path, cfg):
+        """A fused path's default config for this problem: the 8-bit ring shape; for K that is not a multiple of its
+        ``k_multiple`` the largest fallback that divides K (else unchanged, and the path drops out of the plan in
+        ``_fits``); then fewer stages while the ring exceeds shared memory (8-bit weight boxes), down to
+        ``min_stages``."""
+        if self.bits == 8 and path in _FUSED_8BIT:
+            cps, stages = _FUSED_8BIT[path]
+            cfg = dataclasses.replace(cfg, chunks_per_stage=cps, stages=stages)
+        if self.K % cfg.k_multiple:
+            for cps, stages in _FUSED_K_FALLBACKS.get(path, ()):
+                alt = dataclasses.replace(cfg, chunks_per_stage=cps, stages=stages)
+                if self.K % alt.k_multiple == 0:
+                    cfg = alt
+                    break
+        while cfg.stages > cfg.min_stages and fused_smem_bytes(cfg, self.bits, self.group_size) > SMEM_LIMIT:
+            cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+        return cfg
+
     # ------------------------------------------------------------------------------------------------ planning
     def _fits(self, path) -> bool:
         N, K, cfg = self.N, self.K, self.configs.get(path)
@@ -235,23 +236,23 @@ class DequantGemm:
         if path == "wgmma":
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
         if path in FUSED_PATHS:
-            rows = 64 if cfg.k_split else 64 * cfg.consumers
-            return (N % rows == 0 and K % cfg.k_multiple == 0
+            return (N % cfg.weight_rows == 0 and K % cfg.k_multiple == 0
                     and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None
                     and fused_smem_bytes(cfg, self.bits, self.group_size) <= SMEM_LIMIT)
         return True
 
     def _fused(self) -> bool:
-        """Whether the fused Hopper paths serve M > 16 (sm_90a, a 4-bit format of ``HOPPER_FUSED_FORMATS`` without
-        zero points whose scaled decode has a fast program for the dtype, N a multiple of 64)."""
+        """Whether the fused Hopper paths serve M > 16 (M >= 1 for :data:`FUSED_SMALL_M_BITS`; sm_90a, a format of
+        ``HOPPER_FUSED_FORMATS`` without zero points whose scaled decode has a fast program for the dtype, N a
+        multiple of 64)."""
         fits = (self.large_m is not None and any(map(self._fits, FUSED_PATHS))
                 and _fast_fused_decode(self.weight_format, self.dtype))
         if self.use_fused and not fits:
             raise UnsupportedConfigError(
                 f"fused=True, but no fused Hopper path fits: they need sm_90a (arch={self.arch}), weight_format in "
                 f"{choices(HOPPER_FUSED_FORMATS)} (got {self.weight_format!r}) without zero points (zeros_mode="
-                f"{self.zeros_mode!r}), a fast scaled decode for {self.dtype} (nf4, and float4_e2m1fn -> bfloat16, "
-                f"have none: the fused kernel then runs the reference converter, 0.31x cuBLAS for nf4 at M=32) and N "
+                f"{self.zeros_mode!r}), a fast scaled decode for {self.dtype} (nf4, and fp4 / fp8 -> bfloat16, have "
+                f"none: the fused kernel then runs the reference converter, 0.31x cuBLAS for nf4 at M=32) and N "
                 f"a multiple of 64 (N={self.N}); pass fused=None to use them where they fit")
         return self.use_fused is not False and fits
 

@@ -47,6 +47,8 @@ minimum; 16 halves are 32 bytes) and travels in the ring; each consumer lane rea
 """
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 from mmaemit.dequant.kernel_layout import CHUNK
@@ -101,6 +103,18 @@ class HopperDequantConfig:
         """The K multiple this config needs: 64-wide chunks x chunks per stage x the consumers that deal the
         stages round robin (``k_split``)."""
         return CHUNK * self.chunks_per_stage * (self.consumers if self.k_split else 1)
+
+    @property
+    def weight_rows(self) -> int:
+        """Weight rows (output columns) per tile: 64 per consumer warpgroup, 64 with ``k_split`` (one shared group);
+        N must be a multiple of it."""
+        return 64 if self.k_split else 64 * self.consumers
+
+    @property
+    def min_stages(self) -> int:
+        """The fewest ring stages this config can run with: ``in_flight=1`` holds a consumer's previous stage while
+        it waits for its next one, which with ``k_split`` is ``consumers`` stages later (fewer stages deadlock)."""
+        return max(2, (self.consumers if self.k_split else 1) * self.in_flight + 1)
 
 
 @dataclass(frozen=True)
@@ -185,7 +199,7 @@ def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int) ->
     activation box, the weight box of the tile's n16 blocks, the scale boxes), the output staging tile (or, with
     ``k_split``, the consumers' hand-over buffer that contains it), the barriers and 2 KB of alignment slack."""
     cfg = config
-    rows = 64 if cfg.k_split else 64 * cfg.consumers
+    rows = cfg.weight_rows
     nb = rows // 16
     sps, gps = scale_boxes(cfg.chunks_per_stage, group_size)
     stage = cfg.chunks_per_stage * cfg.block_m * CHUNK * 2 + nb * cfg.chunks_per_stage * 128 * bits + sps * nb * gps * 32
@@ -255,8 +269,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     if BT // 2 + 64 > cfg.consumer_regs:
         raise UnsupportedConfigError(f"block_m={BT} needs {BT // 2} accumulator registers per thread; "
                                      f"consumer_regs={cfg.consumer_regs} leaves too few for the decode")
-    RG = 1 if KS else NC                  # 64-row weight groups per tile (k_split: both consumers on one)
-    BW = 64 * RG                          # weight rows (output columns) per tile
+    BW = cfg.weight_rows                  # weight rows (output columns) per tile
+    RG = BW // 64                         # 64-row weight groups per tile (k_split: all consumers on one)
     NB = BW // 16                         # n16 blocks per tile (one per consumer warp)
     G = K if group_size in (None, -1) else group_size
     if not isinstance(N, int) or N < 1 or N % BW:
@@ -286,11 +300,11 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise TileShapeError(f"k_split=True with {NC} consumers needs K a multiple of {cfg.k_multiple} (stages "
                              f"of {CPS} 64-wide chunks dealt round robin), not K={K}")
     KC = KU // STEP                       # units per consumer and tile
-    if ST < STEP * INF + 1:
+    if ST < cfg.min_stages:
         # in_flight=1 holds a consumer's previous chunk's stage while it waits for the next one's: with k_split that
         # is chunk kt - consumers, which shares kt's stage when stages <= consumers (a deadlock)
-        raise UnsupportedConfigError(f"k_split=True with {NC} consumers and in_flight=1 needs stages >= {STEP + 1}, "
-                                     f"not {ST}")
+        raise UnsupportedConfigError(f"k_split=True with {NC} consumers and in_flight=1 needs stages >= "
+                                     f"{cfg.min_stages}, not {ST}")
     PAIRS = (KC - 1) // 2                 # in_flight=1, CPS=1: chunk pairs in the K loop before the peeled tail
     em = WgmmaIntrinEmitter(dtype, dtype, "float32", BT, form="rs", block_k=CHUNK, swizzle_bytes=128,
                             stages=(ST, CPS), arch=arch)
@@ -331,6 +345,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     if NACC != em.local_size_c:
         raise AssertionError(f"{em.local_size_c} accumulators per thread, expected {NACC}")
 
+    def or_all(values):
+        return functools.reduce(operator.or_, values)
+
     def moved(word, shift, mask):
         w = word << T.uint32(shift) if shift > 0 else (word >> T.uint32(-shift) if shift < 0 else word)
         return w & T.uint32(mask)
@@ -342,11 +359,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # quad per bundle word: afterwards y[4 b + S] = what lane S built for this lane = its codes of k16 step S
         for cp in range(4):
             for b in range(TB):
-                terms = [moved(wb[sw], sh, m) for sw, sh, m in PLAN.build[cp][b]]
-                v = terms[0]
-                for t in terms[1:]:
-                    v = v | t
-                store(y, v, (4 * b + cp,))
+                store(y, or_all(moved(wb[sw], sh, m) for sw, sh, m in PLAN.build[cp][b]), (4 * b + cp,))
         for b in range(TB):
             for mk in (2, 1):
                 bit = (q & mk) != 0
@@ -367,11 +380,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             if PLAN.identity_assembly:
                 word = y[4 * terms[0][1] + terms[0][0]]
             else:
-                v = None
-                for S, b, sh in terms:
-                    t = y[4 * b + S] << T.uint32(sh) if sh else y[4 * b + S]
-                    v = t if v is None else v | t
-                store(wb, v, (w,))
+                store(wb, or_all(y[4 * b + S] << T.uint32(sh) if sh else y[4 * b + S] for S, b, sh in terms), (w,))
                 word = wb[w]
             rhos = [w * R + i for i in range(R)]
             regs = [af[4 * (rho // 4) + A_ORDER.index(rho % 4)] for rho in rhos]
