@@ -379,10 +379,11 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
         # two's complement v = q_lo - 128 q7 (c = 128 | q7 << 7 = 0x4300 / 0x4380), offset binary v = q_lo + 128 q7
         # - 128 (c = 0x4380 ^ q7 << 7); uint8 as two's complement of q ^ 0x80, plus 128 (exact)
         src = b.op("lop3.b32", "w", 0x80808080, 0, _XOR) if fmt.kind == "uint" else "w"
-        cval, clut = (0x43804380, _AND_XOR) if fmt.storage == "offset_binary" else (0x43004300, _AND_OR)
+        # c = 256.0 (the magic's exponent + 1) ^ q7 << 7, or 128.0 (the magic) | q7 << 7
+        cval, clut = (_const2(magic | 0x80), _AND_XOR) if fmt.storage == "offset_binary" else (_const2(magic), _AND_OR)
         for i, sel in enumerate((0x4140, 0x4342)):
             t = b.op("prmt.b32", src, 0, sel)                                    # {byte, 0} halves
-            x = b.op("lop3.b32", t, 0x007F007F, 0x43004300, _AND_OR)
+            x = b.op("lop3.b32", t, 0x007F007F, _const2(magic), _AND_OR)
             c = b.op("lop3.b32", t, 0x00800080, cval, clut)
             ar.sub(x, c, out[i])
             if fmt.kind == "uint":
