@@ -1,7 +1,8 @@
 """Compile the DequantGemm kernels of the GPU tests and benchmarks in parallel worker processes into the cubin cache
 (then run the tests / benchmarks with MMAEMIT_CUBIN_CACHE=1: they only load them).
 
-    MMAEMIT_CUBIN_CACHE=1 PYTHONPATH=. python3 benchmarks/prebuild_dequant.py [--tests] [--bench [--formats ...]] [--mlp]
+    MMAEMIT_CUBIN_CACHE=1 PYTHONPATH=. python3 benchmarks/prebuild_dequant.py [--tests] [--bench [--formats ...] [--zeros-mode M]]
+        [--mlp]
 """
 import argparse
 import os
@@ -26,7 +27,8 @@ def specs(args, arch):
             n, k = map(int, shape.split("x"))
             for dt in args.dtypes:
                 for fmt in args.formats:
-                    out.append(dict(N=n, K=k, dtype=dt, arch=arch, paths=args.paths, weight_format=fmt))
+                    out.append(dict(N=n, K=k, dtype=dt, arch=arch, paths=args.paths, weight_format=fmt,
+                                    zeros_mode=args.zeros_mode))
     if args.mlp:
         for n, k in ((14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)):
             out.append(dict(N=n, K=k, dtype="float16", arch=arch, paths=small))
@@ -42,6 +44,8 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["float16"])
     ap.add_argument("--paths", nargs="+", default=None)
     ap.add_argument("--formats", nargs="+", default=["int4"], help="weight formats of --bench")
+    ap.add_argument("--zeros-mode", choices=["original", "rescale", "quantized"], default=None,
+                    help="zero points of --bench (unsigned formats)")
     ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args()
     todo = specs(args, args.arch)

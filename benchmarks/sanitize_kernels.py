@@ -124,13 +124,13 @@ def flash_attention_hopper():
     return _attention("wgmma")
 
 
-def _int4_weights(n, k, fmt="int4", dtype=torch.float16):
-    """Random g128 weights [n, k] (int4 unless ``fmt``) in the kernel layout on the GPU, their kwargs and the exact
-    float64 weight."""
+def _int4_weights(n, k, fmt="int4", dtype=torch.float16, zeros_mode=None):
+    """Random g128 weights [n, k] (int4 unless ``fmt``; zero points with ``zeros_mode``) in the kernel layout on the
+    GPU, their kwargs and the exact float64 weight."""
     from mmaemit.dequant import QuantScheme, quantize
     from mmaemit.dequant.kernel_layout import kernel_arguments
 
-    qw = quantize(torch.randn(n, k).to(dtype), QuantScheme(fmt, 128))
+    qw = quantize(torch.randn(n, k).to(dtype), QuantScheme(fmt, 128, zeros_mode))
     tensors, kw = kernel_arguments(qw)
     return [t.cuda() for t in tensors], kw, qw.dequantize().double().cuda()
 
@@ -192,6 +192,22 @@ def dequant_hopper_fused_8_2_bit():
     ok = True
     for fmt, dtype in (("int8", torch.bfloat16), ("int2", torch.float16)):
         tensors, kw, w = _int4_weights(512, 1024, fmt, dtype)
+        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
+        for M in (5, 13, 20, 40, 60, 90, 120, 150, 300):
+            x = torch.randn(M, 1024, device="cuda").to(dtype)
+            ok &= _rel(dg(x, *tensors), x.double() @ w.T) < (3e-3 if dtype == torch.float16 else 1e-2)
+    return bool(ok)
+
+
+@case
+def dequant_hopper_fused_zero_points():
+    """The fused Hopper kernel with zero points (asymmetric GPTQ / AWQ: uint4 with integer zero codes, fp16; uint4 with
+    float zeros, bf16): a second ring box next to the scales, each plan path of M <= 300 at a ragged M."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    ok = True
+    for zm, dtype in (("quantized", torch.float16), ("original", torch.bfloat16)):
+        tensors, kw, w = _int4_weights(512, 1024, "uint4", dtype, zm)
         dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
         for M in (5, 13, 20, 40, 60, 90, 120, 150, 300):
             x = torch.randn(M, 1024, device="cuda").to(dtype)

@@ -149,13 +149,25 @@ def test_symbolic_m_wgmma_path_by_name(M):
 
 @pytest.mark.parametrize("M", [3, 40])
 def test_dispatcher_with_quantized_zeros_gptq_style(M):
-    """uint4 with integer zero codes (what GPTQ / AWQ checkpoints load as) through the GEMV and the dense path."""
+    """uint4 with integer zero codes (what GPTQ / AWQ checkpoints load as) through the GEMV and the dense path (the
+    plan without fused paths)."""
     qw, tensors, kw = _weights("uint4", torch.float16, "quantized")
-    dg = DequantGemm(N, K, interpret=True, large_m=17, wide_m=17, arch="sm_90a",
+    dg = DequantGemm(N, K, interpret=True, large_m=17, wide_m=17, arch="sm_90a", fused=False,
                      configs={"gemv8": SMALL_GEMV, "gemv16": SMALL_GEMV, "hopper": SMALL_HOPPER}, **kw)
     A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
     C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
     _check(C, A, qw, torch.float16)
+
+
+@pytest.mark.parametrize("M, mode, dtype", [(20, "quantized", torch.float16), (40, "original", torch.bfloat16)])
+def test_dispatcher_fused_plan_with_zero_points(M, mode, dtype):
+    """Asymmetric GPTQ / AWQ weights (uint4 with zeros) take the fused paths on sm_90a like symmetric ones."""
+    qw, tensors, kw = _weights("uint4", dtype, mode)
+    dg = DequantGemm(N, K, dtype=str(dtype)[6:], interpret=True, arch="sm_90a", **kw)
+    assert dg.path_for(M) == ("fused32" if M <= 32 else "fused48")
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to(dtype)
+    C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=dtype))
+    _check(C, A, qw, dtype)
 
 
 def test_dispatcher_plan():
@@ -185,10 +197,12 @@ def test_dispatcher_plan():
             DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format=fmt, fused=True)
     assert DequantGemm(8192, 8192, arch="sm_90a", weight_format="float4_e2m1fn").path_for(20) == "fused32"
     assert "fused32" in DequantGemm(8192, 8192, arch="sm_90a", weight_format="nf4").runnable_paths()
-    zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original")
-    assert [r[0] for r in zeros.ranges] == ["gemv8", "gemv16", "gemv32", "dense_mid", "dense"]   # no fused path
-    with pytest.raises(UnsupportedConfigError, match="zero points"):
-        DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode="original", fused=True)
+    for zm in ("original", "rescale", "quantized"):      # zero points: the same fused plan
+        zeros = DequantGemm(8192, 8192, arch="sm_90a", weight_format="uint4", zeros_mode=zm)
+        assert zeros.ranges == DequantGemm(8192, 8192, arch="sm_90a").ranges, zm
+    with pytest.raises(UnsupportedConfigError, match="'original' / 'quantized' zeros have none"):
+        DequantGemm(8192, 8192, dtype="bfloat16", arch="sm_90a", weight_format="uint8", zeros_mode="original",
+                    fused=True)
     with pytest.raises(UnsupportedConfigError, match="sm_90a"):
         DequantGemm(8192, 8192, arch="sm_80", fused=True)
     assert DequantGemm(8192, 8192, arch="sm_90a", fused=True).ranges == DequantGemm(8192, 8192, arch="sm_90a").ranges
@@ -234,21 +248,23 @@ def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
 def test_8bit_plan_takes_the_fused_paths_from_m_1():
     """8-bit weights with a fast scaled decode (int8 / int8_ob / fp8 with fp16, int8 with bf16: the split magic) take
     fused8 / fused16 instead of the GEMVs and 8-bit rings (fewer chunks per stage, deeper, within shared memory);
-    formats without a fast scaled decode (uint8 with zeros, e4m3 -> bf16) keep the second plan."""
+    formats without a fast scaled decode (uint8 -> bf16 with "original" zeros, e4m3 -> bf16) keep the second plan."""
     from mmaemit.kernels.dequant_dispatch import FUSED_SMALL_M_BITS
     from mmaemit.kernels.dequant_gemm_hopper import fused_smem_bytes
     from mmaemit.kernels.gemm_hopper import SMEM_LIMIT
 
     assert FUSED_SMALL_M_BITS == (8,)
-    for fmt, dt in (("int8", "float16"), ("int8", "bfloat16"), ("int8_ob", "bfloat16"), ("float8_e4m3fn", "float16")):
-        dg = DequantGemm(8192, 8192, dtype=dt, weight_format=fmt, arch="sm_90a")
+    for fmt, dt, zm in (("int8", "float16", None), ("int8", "bfloat16", None), ("int8_ob", "bfloat16", None),
+                        ("float8_e4m3fn", "float16", None), ("uint8", "float16", "quantized"),
+                        ("uint8", "bfloat16", "rescale")):
+        dg = DequantGemm(8192, 8192, dtype=dt, weight_format=fmt, zeros_mode=zm, arch="sm_90a")
         assert [r[0] for r in dg.ranges][:3] == ["fused8", "fused16", "fused32"], (fmt, dt)
         assert dg.path_for(1) == "fused8" and dg.path_for(16) == "fused16"
         assert (dg.configs["fused128"].chunks_per_stage, dg.configs["fused128"].stages) == (1, 8)
         for p in dg.configs:
             if p.startswith("fused"):
-                assert fused_smem_bytes(dg.configs[p], 8, 128) <= SMEM_LIMIT, p
-    for fmt, dt, zm in (("uint8", "float16", "original"), ("float8_e4m3fn", "bfloat16", None)):
+                assert fused_smem_bytes(dg.configs[p], 8, 128, zm is not None) <= SMEM_LIMIT, p
+    for fmt, dt, zm in (("uint8", "bfloat16", "original"), ("float8_e4m3fn", "bfloat16", None)):
         assert DequantGemm(8192, 8192, dtype=dt, weight_format=fmt, zeros_mode=zm,
                            arch="sm_90a").ranges[0][0] == "gemv8"
     assert DequantGemm(8192, 8192, weight_format="int2", arch="sm_90a").ranges[0][0] == "gemv8"

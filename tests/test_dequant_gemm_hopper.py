@@ -144,8 +144,10 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, arch="sm_80", **ok)
     with pytest.raises(UnsupportedConfigError, match="weight_format in .*int8"):
         make_dequant_gemm_hopper(64, 256, 512, weight_format="mxfp4", **ok)
-    with pytest.raises(UnsupportedConfigError, match="zero points"):
+    with pytest.raises(UnsupportedConfigError, match="zero points apply to unsigned codes"):
         make_dequant_gemm_hopper(64, 256, 512, weight_format="int4", zeros_mode="original", **ok)
+    with pytest.raises(UnsupportedConfigError, match="zeros_mode must be one of"):
+        make_dequant_gemm_hopper(64, 256, 512, weight_format="uint4", zeros_mode="awq", **ok)
     with pytest.raises(UnsupportedConfigError, match="float16"):
         make_dequant_gemm_hopper(64, 256, 512, dtype="float32", **ok)
     with pytest.raises(TileShapeError, match="multiple of the tile's 128 weight rows"):
@@ -236,7 +238,7 @@ def test_dispatcher_fused_path_by_name_outside_its_range():
     dg.run_path("fused256", *args, out=C)
     assert _rel(C, ref) < _tol(torch.float16)
     zq = DequantGemm(N, K, interpret=True, arch="sm_90a", weight_format="uint4", zeros_mode="original")
-    assert not set(FUSED_PATHS) & set(zq.runnable_paths())
+    assert set(FUSED_PATHS) <= set(zq.runnable_paths())                   # zero points too
     assert not set(FUSED_PATHS) & set(DequantGemm(N, K, interpret=True, arch="sm_80").runnable_paths())
 
 
@@ -265,6 +267,28 @@ def test_fused_hopper_other_formats_on_the_interpreter(fmt, dtype, cfg):
     assert _rel(C, ref) < _tol(dtype)
 
 
+@pytest.mark.parametrize("fmt, mode, dtype, group, cfg", [
+    ("uint4", "original", torch.float16, 128, {}), ("uint4", "rescale", torch.bfloat16, 128, _SPLIT4),
+    ("uint4", "quantized", torch.float16, -1, _SPLIT4), ("uint4", "quantized", torch.bfloat16, 128, {}),
+    ("uint8", "quantized", torch.float16, 128, _SPLIT4), ("uint8", "rescale", torch.bfloat16, 128, {}),
+    ("uint2", "original", torch.bfloat16, 128, {}), ("uint1", "quantized", torch.float16, 128, {})])
+def test_fused_hopper_zero_points_on_the_interpreter(fmt, mode, dtype, group, cfg):
+    """Zero points (asymmetric GPTQ / AWQ: unsigned codes, every zeros mode) travel in the ring next to the scales
+    (a second box of the same shape, int16 codes for "quantized") and reach the decode as pairs like the scales."""
+    g = torch.Generator().manual_seed(len(fmt) + len(mode))
+    qw = D.quantize(torch.randn(128, 512, generator=g).to(dtype), D.QuantScheme(fmt, group, mode))
+    tensors, kw = kernel_arguments(qw)
+    assert kw["zeros_mode"] == mode and len(tensors) == 3
+    A = torch.randn(40, 512, generator=g).to(dtype)
+    ref = A.double() @ qw.dequantize().double().T
+    config = HopperDequantConfig(**(cfg or dict(block_m=64, consumers=1, stages=3, num_sms=2)))
+    func, _ = make_dequant_gemm_hopper(None, 128, 512, dtype=str(dtype)[6:], config=config, **kw)
+    C = torch.full((40, 128), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+    assert not torch.isnan(C).any()
+    assert _rel(C, ref) < _tol(dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, dtype, group", [(1000, torch.float16, 128), (77, torch.bfloat16, -1)])
 def test_fused_hopper_on_gpu(M, dtype, group):
@@ -282,18 +306,19 @@ def test_fused_hopper_on_gpu(M, dtype, group):
 
 @pytest.mark.gpu
 @pytest.mark.heavy
-@pytest.mark.parametrize("fmt, dtype", [("int4_ob", torch.float16), ("nf4", torch.float16), ("int8", torch.bfloat16),
-                                        ("int2", torch.float16)])
-def test_fused_paths_other_formats_on_gpu(fmt, dtype):
-    """DequantGemm on sm_90a puts symmetric-GPTQ (int4_ob), 8-bit (bf16: the split-magic decode) and 2-bit weights on
-    the fused paths too: M = 20 / 100 / 300 (fused32, fused128, fused128x2); nf4 (no fast scaled decode) stays on
-    gemv32 / dense_mid in the plan, and its fused paths run by name (fused32 here: their reference-converter kernels
-    take ~15 s each to compile). NaN-poisoned outputs vs the float64 product (K=2048: 4 chunks per stage in fused32,
+@pytest.mark.parametrize("fmt, dtype, zeros_mode", [
+    ("int4_ob", torch.float16, None), ("nf4", torch.float16, None), ("int8", torch.bfloat16, None),
+    ("int2", torch.float16, None), ("uint4", torch.float16, "quantized"), ("uint4", torch.bfloat16, "original")])
+def test_fused_paths_other_formats_on_gpu(fmt, dtype, zeros_mode):
+    """DequantGemm on sm_90a puts symmetric-GPTQ (int4_ob), asymmetric GPTQ / AWQ (uint4 with zeros), 8-bit (bf16: the
+    split-magic decode) and 2-bit weights on the fused paths too: M = 20 / 100 / 300 (fused32, fused128, fused128x2);
+    nf4 (no fast scaled decode) stays on gemv32 / dense_mid in the plan, and its fused paths run by name (fused32
+    here: their reference-converter kernels take ~15 s each to compile). NaN-poisoned outputs vs the float64 product (K=2048: 4 chunks per stage in fused32,
     2 in the others; 8-bit rings with fewer stages)."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
 
     g = torch.Generator().manual_seed(11)
-    qw = D.quantize(torch.randn(1024, 2048, generator=g).to(dtype), D.QuantScheme(fmt, group_size=128))
+    qw = D.quantize(torch.randn(1024, 2048, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros_mode))
     tensors, kw = kernel_arguments(qw)
     tensors = [t.cuda() for t in tensors]
     wd = qw.dequantize().double().cuda()

@@ -1,9 +1,9 @@
 """Dynamic-M dequant GEMM: one object per weight shape, a few kernels compiled once, every M served without compiling.
 
 ``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call).
-On sm_90a with weights without zero points whose scaled decode has a fast program (int4, int4_ob = symmetric GPTQ,
-uint4, 8-bit integers, int2 / int1, and fp4 / fp8 with fp16 activations; not nf4, whose fused kernel would run the
-reference converter: 0.31x cuBLAS at M=32 on the H100; N a multiple of 64) the plan is
+On sm_90a with weights whose scaled decode has a fast program (int4, int4_ob = symmetric GPTQ, uint4 with or
+without zero points = asymmetric GPTQ / AWQ, 8-bit integers, int2 / int1, and fp4 / fp8 with fp16 activations; not
+nf4, whose fused kernel would run the reference converter: 0.31x cuBLAS at M=32 on the H100; N a multiple of 64) the plan is
 
 ==============  ====================  ==========================================================================
 path            M range (defaults)    kernel
@@ -29,7 +29,8 @@ path            M range (defaults)    kernel
 (``dense_m`` default :data:`FUSED_DENSE_M`; the stages and chunks above are the 4-bit rings.) 8-bit weights
 (:data:`FUSED_SMALL_M_BITS`) take ``fused8`` (1 .. 8) and ``fused16`` (9 .. 16), 8- and 16-row tiles of the same
 kernel, instead of the GEMVs, and rings of fewer chunks per stage (twice the weight bytes per chunk; any default ring
-that would not fit shared memory loses stages). Other formats, zero points, or GPUs without wgmma:
+that would not fit shared memory loses stages). Other formats (and zero-point modes without a fast decode: uint8
+with bf16 activations and "original" / "quantized" zeros), or GPUs without wgmma:
 
 =============  ===========================  ====================================================================
 path           M range (defaults)           kernel
@@ -88,8 +89,8 @@ WIDE_M = 512
 #: path names of the plan without fused paths, smallest M first
 PATHS = ("gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense")
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
-#: weights decoded into RS wgmma) at ten tile shapes, with the first M each serves on sm_90a (formats without zero
-#: points whose scaled decode is fast; from the tile studies on the H100, docs/perf-notes.md): they replace
+#: weights decoded into RS wgmma) at ten tile shapes, with the first M each serves on sm_90a (formats whose scaled
+#: decode, with their zero points if any, is fast; from the tile studies on the H100, docs/perf-notes.md): they replace
 #: tiled64 .. dense_mid there, and for :data:`FUSED_SMALL_M_BITS` the GEMVs too
 FUSED_PATHS = ("fused8", "fused16", "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2",
                "fused256")
@@ -135,13 +136,13 @@ _FUSED_K_FALLBACKS = {"fused8": ((2, 8), (1, 8)), "fused16": ((2, 8), (1, 8)), "
 
 
 @functools.lru_cache(maxsize=None)
-def _fast_fused_decode(weight_format, dtype) -> bool:
-    """Whether the fused kernel's decode (mode "scale", sm_90a) is a fast program; without one (nf4, float4_e2m1fn ->
-    bfloat16) the fused paths are correct but slow (H100, 8192^2 nf4 fp16: 167 us at M=32, 0.31x cuBLAS), so the
-    plan leaves them out."""
+def _fast_fused_decode(weight_format, dtype, zeros_mode=None) -> bool:
+    """Whether the fused kernel's decode (mode "scale" or the zeros mode, sm_90a) is a fast program; without one
+    (nf4, float4_e2m1fn -> bfloat16, uint8 -> bfloat16 with "original" / "quantized" zeros) the fused paths are
+    correct but slow (H100, 8192^2 nf4 fp16: 167 us at M=32, 0.31x cuBLAS), so the plan leaves them out."""
     from .dequant_parts import kernel_decode_program
 
-    return bool(kernel_decode_program(weight_format, dtype, "scale", "sm_90a").fast)
+    return bool(kernel_decode_program(weight_format, dtype, zeros_mode or "scale", "sm_90a").fast)
 
 
 def _interpret_default() -> bool:
@@ -222,7 +223,8 @@ class DequantGemm:
                 if self.K % alt.k_multiple == 0:
                     cfg = alt
                     break
-        while cfg.stages > cfg.min_stages and fused_smem_bytes(cfg, self.bits, self.group_size) > SMEM_LIMIT:
+        while cfg.stages > cfg.min_stages and fused_smem_bytes(cfg, self.bits, self.group_size,
+                                                               self.zeros_mode is not None) > SMEM_LIMIT:
             cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
         return cfg
 
@@ -237,23 +239,24 @@ class DequantGemm:
             return N % (64 * cfg.warpgroups * cfg.m64_per_wg) == 0
         if path in FUSED_PATHS:
             return (N % cfg.weight_rows == 0 and K % cfg.k_multiple == 0
-                    and self.weight_format in HOPPER_FUSED_FORMATS and self.zeros_mode is None
-                    and fused_smem_bytes(cfg, self.bits, self.group_size) <= SMEM_LIMIT)
+                    and self.weight_format in HOPPER_FUSED_FORMATS
+                    and fused_smem_bytes(cfg, self.bits, self.group_size, self.zeros_mode is not None) <= SMEM_LIMIT)
         return True
 
     def _fused(self) -> bool:
         """Whether the fused Hopper paths serve M > 16 (M >= 1 for :data:`FUSED_SMALL_M_BITS`; sm_90a, a format of
-        ``HOPPER_FUSED_FORMATS`` without zero points whose scaled decode has a fast program for the dtype, N a
+        ``HOPPER_FUSED_FORMATS`` whose scaled decode, with its zeros mode, has a fast program for the dtype, N a
         multiple of 64)."""
         fits = (self.large_m is not None and any(map(self._fits, FUSED_PATHS))
-                and _fast_fused_decode(self.weight_format, self.dtype))
+                and _fast_fused_decode(self.weight_format, self.dtype, self.zeros_mode))
         if self.use_fused and not fits:
             raise UnsupportedConfigError(
                 f"fused=True, but no fused Hopper path fits: they need sm_90a (arch={self.arch}), weight_format in "
-                f"{choices(HOPPER_FUSED_FORMATS)} (got {self.weight_format!r}) without zero points (zeros_mode="
-                f"{self.zeros_mode!r}), a fast scaled decode for {self.dtype} (nf4, and fp4 / fp8 -> bfloat16, have "
-                f"none: the fused kernel then runs the reference converter, 0.31x cuBLAS for nf4 at M=32) and N "
-                f"a multiple of 64 (N={self.N}); pass fused=None to use them where they fit")
+                f"{choices(HOPPER_FUSED_FORMATS)} (got {self.weight_format!r}), a fast scaled decode of it for "
+                f"{self.dtype} with zeros_mode={self.zeros_mode!r} (nf4, fp4 / fp8 -> bfloat16, and uint8 -> "
+                f"bfloat16 with 'original' / 'quantized' zeros have none: the fused kernel then runs the reference "
+                f"converter, 0.31x cuBLAS for nf4 at M=32) and N a multiple of 64 (N={self.N}); pass fused=None to "
+                f"use them where they fit")
         return self.use_fused is not False and fits
 
     @staticmethod

@@ -1,8 +1,8 @@
 """Hopper (sm_90a) fused dequant GEMM: TMA + mbarrier ring + warp-specialized wgmma, decode inside the pipeline.
 
-C[M, N] = A[M, K] @ dequant(W)[N, K]^T with W / S in the kernel layout of :mod:`mmaemit.dequant.kernel_layout`
-(``kernel_arguments``), so the packed weight crosses HBM once, at its 1, 2, 4 or 8 bits (no fp16 scratch as in
-``dense`` paths).
+C[M, N] = A[M, K] @ dequant(W)[N, K]^T with W / S (and zero points Z) in the kernel layout of
+:mod:`mmaemit.dequant.kernel_layout` (``kernel_arguments``), so the packed weight crosses HBM once, at its 1, 2, 4 or 8
+bits (no fp16 scratch as in ``dense`` paths).
 Like :mod:`mmaemit.kernels.dequant_gemm_wgmma` it computes ``C^T = W @ A^T``: the decoded weights are the
 register-sourced A operand of ``wgmma`` (RS form), the activations the shared-memory B operand.
 
@@ -13,8 +13,9 @@ Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`
   ring stage (``MbarrierRing``), arms the full barrier and issues the stage's TMA box loads: per chunk the activation
   tile (``block_m`` x 64, 128-byte swizzle, the wgmma B layout: ``TmaTile.for_layout`` of the emitter's shared
   layout; rows >= M are zero-filled by TMA bounds), one box of packed weights (4 n16 blocks per 64-row group x the
-  stage's chunks of kernel-layout words: 128 x bits contiguous bytes per block and chunk) and one box of group scales (32
-  bytes per n16 block and group; one box per chunk where a group straddles stages). The ring costs a roughly fixed
+  stage's chunks of kernel-layout words: 128 x bits contiguous bytes per block and chunk) and one box of group scales
+  (32 bytes per n16 block and group; one box per chunk where a group straddles stages; zero points, when the format
+  has them, in a second box of the same shape). The ring costs a roughly fixed
   time per stage (measured on the H100), so a stage of 4 chunks at small M;
 * consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's ``bits``
   words (4 bytes x bits), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
@@ -44,6 +45,9 @@ after the transpose (``QuadRepairPlan.assemble``). Scales are per (row, group): 
 Scales: ``S`` [N/16, K/G, 4, 4] is viewed as [N/16, K/G, 16] (a row of 4 halves is below TMA's 16-byte box
 minimum; 16 halves are 32 bytes) and travels in the ring; each consumer lane reads its 8 bytes with one
 ``ld.shared.v2`` after the stage's barrier (a per-chunk ``ld.global`` used to sit in the consumer's critical path).
+Zero points ``Z`` (same layout; values in A's dtype, int16 codes for "quantized", copied as 16-bit words) take the
+same way and reach the decode program (``zeros_mode``) as pairs like the scales: asymmetric GPTQ and AWQ checkpoints
+run here too.
 """
 from __future__ import annotations
 
@@ -60,8 +64,9 @@ __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", 
            "fused_smem_bytes", "scale_boxes"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
-#: whatever they mean; the decode is the format's own program), one scale per (row, group), no zero points. int4_ob
-#: is what symmetric GPTQ checkpoints import as.
+#: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
+#: ``zeros_mode``) for the unsigned formats. int4_ob is what symmetric GPTQ checkpoints import as; asymmetric GPTQ
+#: and AWQ import as uint4 with zeros.
 HOPPER_FUSED_FORMATS = WEIGHT_FORMATS
 
 
@@ -193,16 +198,18 @@ def scale_boxes(chunks_per_stage: int, group: int) -> tuple:
     return chunks_per_stage, 1
 
 
-def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int) -> int:
+def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int, zeros: bool = False) -> int:
     """Dynamic shared memory of :func:`make_dequant_gemm_hopper` for ``config`` and ``bits``-bit weights (16-bit
-    activations; ``group_size`` the scale group along K, in elements): the ring's stages (per chunk a ``block_m`` x 64
-    activation box, the weight box of the tile's n16 blocks, the scale boxes), the output staging tile (or, with
-    ``k_split``, the consumers' hand-over buffer that contains it), the barriers and 2 KB of alignment slack."""
+    activations; ``group_size`` the scale group along K, in elements; ``zeros``: with zero points): the ring's stages
+    (per chunk a ``block_m`` x 64 activation box, the weight box of the tile's n16 blocks, the scale boxes and as many
+    zero boxes), the output staging tile (or, with ``k_split``, the consumers' hand-over buffer that contains it), the
+    barriers and 2 KB of alignment slack."""
     cfg = config
     rows = cfg.weight_rows
     nb = rows // 16
     sps, gps = scale_boxes(cfg.chunks_per_stage, group_size)
-    stage = cfg.chunks_per_stage * cfg.block_m * CHUNK * 2 + nb * cfg.chunks_per_stage * 128 * bits + sps * nb * gps * 32
+    stage = (cfg.chunks_per_stage * cfg.block_m * CHUNK * 2 + nb * cfg.chunks_per_stage * 128 * bits
+             + (2 if zeros else 1) * sps * nb * gps * 32)
     tail = ((cfg.consumers - 1) * 128 * (cfg.block_m // 2) * 4 if cfg.k_split
             else (rows // 64) * cfg.block_m * 64 * 2)
     return cfg.stages * stage + tail + 16 * cfg.stages + 2048
@@ -211,8 +218,9 @@ def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int) ->
 def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                              config: HopperDequantConfig = HopperDequantConfig(), arch="sm_90a", *,
                              weight_format="int4", zeros_mode=None):
-    """Build ``gemm(A, W, S, C)`` for sm_90a (arguments as :func:`mmaemit.kernels.dequant_gemm.make_dequant_gemv`:
-    A [M, K], W int32 [N/16, K/64, 32, 4], S [N/16, K/G, 4, 4], C [M, N]); returns ``(prim_func, config)``.
+    """Build ``gemm(A, W, S, C)`` for sm_90a (``gemm(A, W, S, Z, C)`` with ``zeros_mode``; arguments as
+    :func:`mmaemit.kernels.dequant_gemm.make_dequant_gemv`: A [M, K], W int32 [N/16, K/64, 32, bits], S and Z
+    [N/16, K/G, 4, 4] (Z in A's dtype, int16 codes for "quantized"), C [M, N]); returns ``(prim_func, config)``.
     ``M=None``: a symbolic M (one compiled kernel for every M >= 1; TMA maps encoded per launch).
     N must be a multiple of ``64 * consumers``, K and the group a multiple of 64 (group -1: per column)."""
     from tvm.script import tirx as T
@@ -234,10 +242,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     if weight_format not in HOPPER_FUSED_FORMATS:
         raise UnsupportedConfigError(f"the fused Hopper path takes weight_format in {choices(HOPPER_FUSED_FORMATS)}, "
                                      f"not {weight_format!r} (block-scaled mxfp4 / nvfp4 have no kernel layout)")
-    if zeros_mode is not None:
-        raise UnsupportedConfigError(f"the fused Hopper path takes no zero points (zeros_mode=None), not "
-                                     f"{zeros_mode!r}")
-    bits, _ = check_scheme(weight_format, zeros_mode)
+    bits, z_kind = check_scheme(weight_format, zeros_mode)
+    HAS_Z = z_kind is not None
     dtype = canonical(dtype)
     if dtype not in ("float16", "bfloat16"):
         raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}, "
@@ -316,12 +322,15 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     w_map_t = TmaTile((N // 16, KT, 32 * WPC), "int32", (NB, CPS, 32 * WPC))
     SPS, GPS = scale_boxes(CPS, G)
     s_map_t = TmaTile((N // 16, K // G, 16), dtype, (NB, GPS, 16))
+    ZD = "int16" if z_kind == "int16" else dtype          # Z's dtype ("quantized": int16 codes)
+    # zero points: boxes like the scales' (the 16-bit words travel as A's dtype: TMA copies bits)
+    z_map_t = TmaTile((N // 16, K // G, 16), dtype, (NB, GPS, 16))
     c_map_t = TmaTile((M, N), dtype, (BT, 64))                                  # one box per consumer
     X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
     NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
     RED_BYTES = (NC - 1) * 128 * NACC * 4 if KS else 0
-    STAGE_BYTES = CPS * X_BYTES + W_BYTES + SPS * S_BYTES
-    smem = fused_smem_bytes(cfg, bits, G)
+    STAGE_BYTES = CPS * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
+    smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     if smem != ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048:
         raise AssertionError("fused_smem_bytes disagrees with the kernel's boxes")
     if smem > SMEM_LIMIT:
@@ -338,7 +347,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     # every consumer thread arrives: each reads its words of the stage with ld.shared (not only the async proxy)
     # (k_split: one consumer per stage)
     ring = MbarrierRing(ST, 128 * RG, 1)
-    program = kernel_decode_program(weight_format, dtype, "scale", arch.name)
+    program = kernel_decode_program(weight_format, dtype, zeros_mode or "scale", arch.name)
     R = program.registers                 # B-fragment registers per word (16 / bits)
     A_ORDER = wgmma_a_order(dtype)
     PLAN = quad_word_plan(bits)
@@ -371,7 +380,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         store(y, T.Select(bit, rr[0], y[lo]), (lo,))
                         store(y, T.Select(bit, y[hi], rr[0]), (hi,))
 
-    def decode_steps(wb, y, af, sp):
+    def decode_steps(wb, y, af, sp, zp):
         # decode word w (assembled from the received bundles; 4 / 8 bits: one bundle word as is) gives the
         # B-fragment registers rho = w R .. w R + R - 1 = 4 S + r (r = [n0 H0, n0 H1, n1 H0, n1 H1] of k16 step S);
         # they land in wgmma A order; register r's scale is that of its n8 half r // 2
@@ -384,19 +393,26 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 word = wb[w]
             rhos = [w * R + i for i in range(R)]
             regs = [af[4 * (rho // 4) + A_ORDER.index(rho % 4)] for rho in rhos]
-            program.emit(word, regs, scale_pair=[sp[(rho % 4) // 2] for rho in rhos])
+            program.emit(word, regs, scale_pair=[sp[(rho % 4) // 2] for rho in rhos],
+                         zero_pair=[zp[(rho % 4) // 2] for rho in rhos] if HAS_Z else None)
 
     @T.inline
-    def sub(Ss, Ws, acc, af, wb, y, rr, sv, sp, desc, s, it, u, j, first, blk, lane, g, q, final):
-        # chunk j (a Python int) of the unit in stage s: words and scales -> A registers af -> 4 wgmmas
+    def sub(Ss, Zs, Ws, acc, af, wb, y, rr, sv, sp, zp, desc, s, it, u, j, first, blk, lane, g, q, final):
+        # chunk j (a Python int) of the unit in stage s: words, scales (and zeros) -> A registers af -> 4 wgmmas
         T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, j if SPS > 1 else 0, blk,
                                                            j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
+        if HAS_Z:
+            T.ptx["ld.shared.v2.b32"](sv[2], sv[3], Zs.ptr_to([s, j if SPS > 1 else 0, blk,
+                                                               j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
         for w in T.unroll(WPC):
             wb[w] = T.reinterpret("uint32", Ws[s, blk, j, lane, w])
         repair(wb, y, rr, q)
         sp[0] = pair_of_column(sv[0], sv[1], g, 0)
         sp[1] = pair_of_column(sv[0], sv[1], g, 1)
-        decode_steps(wb, y, af, sp)
+        if HAS_Z:
+            zp[0] = pair_of_column(sv[2], sv[3], g, 0)
+            zp[1] = pair_of_column(sv[2], sv[3], g, 1)
+        decode_steps(wb, y, af, sp, zp)
         em.fence()
         for ks in T.unroll(KSTEPS):
             em.mma([acc[i] for i in range(NACC)], [af[4 * ks + i] for i in range(4)], desc, ks,
@@ -422,7 +438,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 ring.consumer_release(it + ST - STEP, pred=u > first)
 
     @T.inline
-    def unit(Ss, Ws, acc, afa, afb, wb, y, rr, sv, sp, desc, t, u, first, c, warp, lane, g, q, final=False):
+    def unit(Ss, Zs, Ws, acc, afa, afb, wb, y, rr, sv, sp, zp, desc, t, u, first, c, warp, lane, g, q, final=False):
         # ring stage u of tile t (chunks kt = CPS u .. CPS u + CPS - 1); first: this consumer's first unit (0, or c
         # with k_split); its previous one is u - STEP. CPS = 1: chunk on afa (the caller alternates the buffers);
         # CPS = 2, 4: the chunks alternate afa / afb, so every unit starts on afa
@@ -430,12 +446,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         s = T.meta_var(ring.stage(it))
         blk = T.meta_var((0 if KS else c) * 4 + warp)     # the warp's n16 block in the stage
         ring.consumer_wait(it)
-        sub(Ss, Ws, acc, afa, wb, y, rr, sv, sp, desc, s, it, u, 0, first, blk, lane, g, q, final)
+        sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, desc, s, it, u, 0, first, blk, lane, g, q, final)
         if CPS >= 2:
-            sub(Ss, Ws, acc, afb, wb, y, rr, sv, sp, desc, s, it, u, 1, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, desc, s, it, u, 1, first, blk, lane, g, q, final)
         if CPS == 4:
-            sub(Ss, Ws, acc, afa, wb, y, rr, sv, sp, desc, s, it, u, 2, first, blk, lane, g, q, final)
-            sub(Ss, Ws, acc, afb, wb, y, rr, sv, sp, desc, s, it, u, 3, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, desc, s, it, u, 2, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, desc, s, it, u, 3, first, blk, lane, g, q, final)
 
     @T.inline
     def epilogue(Cs, c_map, acc, tm, tn, r, tid):
@@ -451,7 +467,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         bulk_commit()
 
     @T.inline
-    def body(A, W, S, C, x_map, w_map, s_map, c_map):
+    def body(A, W, S, C, x_map, w_map, s_map, z_map, c_map):
         T.attr(WarpgroupRoles.launch_attr())
         worker = T.cta_id([NW])
         wg = T.warpgroup_id([roles.warpgroups])
@@ -460,6 +476,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         Xs = pool.alloc(em.b_shared_shape, dtype, align=em.b_layout.alignment)      # (ST, CPS, BT, 64)
         Ws = pool.alloc((ST, NB, CPS, 32, WPC), "int32", align=w_map_t.smem_alignment)
         Ss = pool.alloc((ST, SPS, NB, GPS, 16), dtype, align=s_map_t.smem_alignment)
+        Zs = pool.alloc((ST, SPS, NB, GPS, 16), dtype, align=z_map_t.smem_alignment) if HAS_Z else Ss
         if KS:
             # the sums of consumers 1 .. NC - 1; the output staging tile Cs shares their bytes
             Red = pool.alloc((NC - 1, NACC, 128), "float32", align=max(128, c_map_t.smem_alignment))
@@ -494,6 +511,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                             for j in range(SPS):
                                 s_map_t.load(Ss.ptr_to([s, j, 0, 0, 0]), s_map,
                                              (tn * NB, (u * CPS + j) * CHUNK // G, 0), ring.full_ptr(it))
+                                if HAS_Z:
+                                    z_map_t.load(Zs.ptr_to([s, j, 0, 0, 0]), z_map,
+                                                 (tn * NB, (u * CPS + j) * CHUNK // G, 0), ring.full_ptr(it))
         else:
             roles.consumer_setup()
             c = T.meta_var(roles.consumer_index(wg))
@@ -507,8 +527,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             wb = T.alloc_local((WPC,), "uint32")
             y = T.alloc_local((4 * PLAN.bundle_words,), "uint32")
             rr = T.alloc_local((1,), "uint32")
-            sv = T.alloc_local((2,), "uint32")
+            sv = T.alloc_local((4 if HAS_Z else 2,), "uint32")
             sp = T.alloc_local((2,), "uint32")
+            zp = T.meta_var(T.alloc_local((2,), "uint32") if HAS_Z else sp)
             desc = em.alloc_descriptor()
             em.init_descriptor(desc, Xs, "B")
             tile = T.alloc_local((2,), "int32")
@@ -519,29 +540,29 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 first = T.meta_var(c if KS else 0)
                 if INF == 0:
                     for j in T.serial(KC):
-                        unit(Ss, Ws, acc, af0, af1, wb, y, rr, sv, sp, desc, t, first + STEP * j, first, c, warp,
-                             lane, g, q)
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * j, first, c,
+                             warp, lane, g, q)
                 elif CPS > 1:
                     # every unit alternates the A buffers itself; the last one retires all
                     for j in T.serial(KC - 1):
-                        unit(Ss, Ws, acc, af0, af1, wb, y, rr, sv, sp, desc, t, first + STEP * j, first, c, warp,
-                             lane, g, q)
-                    unit(Ss, Ws, acc, af0, af1, wb, y, rr, sv, sp, desc, t, first + STEP * (KC - 1), first, c,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * j, first, c,
+                             warp, lane, g, q)
+                    unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 1), first, c,
                          warp, lane, g, q, True)
                 else:
                     # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
                     for j2 in T.serial(PAIRS):
-                        unit(Ss, Ws, acc, af0, af1, wb, y, rr, sv, sp, desc, t, first + STEP * (2 * j2), first,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (2 * j2), first,
                              c, warp, lane, g, q)
-                        unit(Ss, Ws, acc, af1, af0, wb, y, rr, sv, sp, desc, t, first + STEP * (2 * j2 + 1),
+                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (2 * j2 + 1),
                              first, c, warp, lane, g, q)
                     if KC - 2 * PAIRS == 2:
-                        unit(Ss, Ws, acc, af0, af1, wb, y, rr, sv, sp, desc, t, first + STEP * (KC - 2), first,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 2), first,
                              c, warp, lane, g, q)
-                        unit(Ss, Ws, acc, af1, af0, wb, y, rr, sv, sp, desc, t, first + STEP * (KC - 1), first,
+                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 1), first,
                              c, warp, lane, g, q, True)
                     else:
-                        unit(Ss, Ws, acc, af0, af1, wb, y, rr, sv, sp, desc, t, first + STEP * (KC - 1), first,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 1), first,
                              c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
                 if KS:
@@ -565,15 +586,28 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     epilogue(Cs, c_map, acc, tm, tn, c, tid)
             bulk_wait(0, read=False)
 
-    @T.prim_func
-    def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
-             S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
-        x_map = x_map_t.encode(A)
-        w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
-        S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
-        s_map = s_map_t.encode(S16)
-        c_map = c_map_t.encode(C)
-        T.device_entry()
-        body(A, W, S, C, x_map, w_map, s_map, c_map)
+    if HAS_Z:
+        @T.prim_func
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
+                 C: T.Buffer((M, N), dtype)):
+            x_map = x_map_t.encode(A)
+            w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
+            s_map = s_map_t.encode(T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data))
+            z_map = z_map_t.encode(T.decl_buffer((N // 16, K // G, 16), dtype, data=Z.data))
+            c_map = c_map_t.encode(C)
+            T.device_entry()
+            body(A, W, S, C, x_map, w_map, s_map, z_map, c_map)
+    else:
+        @T.prim_func
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
+            x_map = x_map_t.encode(A)
+            w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
+            S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
+            s_map = s_map_t.encode(S16)
+            c_map = c_map_t.encode(C)
+            T.device_entry()
+            body(A, W, S, C, x_map, w_map, s_map, s_map, c_map)
 
     return gemm, cfg
