@@ -215,6 +215,22 @@ def dequant_hopper_fused_zero_points():
     return bool(ok)
 
 
+@case
+def dequant_hopper_fused_nf4():
+    """The fused Hopper kernel with nf4 weights (each row's scaled 16-value table built once per scale group, then
+    prmt lookups), fp16 and bf16, each plan path of M <= 300 at a ragged M."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    ok = True
+    for dtype in (torch.float16, torch.bfloat16):
+        tensors, kw, w = _int4_weights(512, 1024, "nf4", dtype)
+        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
+        for M in (20, 40, 60, 90, 120, 150, 300):
+            x = torch.randn(M, 1024, device="cuda").to(dtype)
+            ok &= _rel(dg(x, *tensors), x.double() @ w.T) < (3e-3 if dtype == torch.float16 else 1e-2)
+    return bool(ok)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--list" in argv:

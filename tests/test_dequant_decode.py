@@ -87,6 +87,9 @@ def _check(fmt, dtype, mode, program, wide):
         return
     lo, hi = (-24, 12) if wide and dtype == "float16" else (-135, 125) if wide else (-12, 6)
     scale = _random_values(rng, shape, dtype, lo, hi) if mode != "none" else None
+    k = program.shared_scale_slots      # nf4 "scale" fast: one scale per output register pair (one weight row)
+    if scale is not None and k > 1:
+        scale = np.repeat(scale[..., ::k], k, axis=-1)
     zero, zref = None, None
     if mode == "original":
         # w - Z exact in the arithmetic: eighths (fast path, exact in f16/bf16) / any value >= 2^-5 (float32)
@@ -259,6 +262,13 @@ def test_precision_rule_the_bias_is_never_folded_into_the_scale_fma(fmt, dtype, 
     """Every fma that multiplies by a scale pair adds -0.0 (or the zero operand of "rescale"), and nothing that
     reads the magic-biased value multiplies by a scale before the exact subtract / add happened."""
     p = D.decode_program(fmt, dtype, mode, arch, variant=variant)
+    if p.fmt.kind == "lut":     # nf4: the word stage only looks values up; the scale multiplies the table entries
+        assert not any(op.ptx.startswith(("fma", "mul", "add", "sub")) for op in p.ops if op.stage == "word")
+        table = [op for op in p.ops if op.stage == "operand" and op.ptx.startswith(("fma", "mul"))]
+        assert len(table) == (0 if mode == "none" else 2 * (17 if dtype == "float16" else 15))
+        assert all(op.src[1] in [D.Imm(float(t)) for t in get_format("nf4").table] for op in table)
+        assert all(op.src[2] == D.Imm(-0.0) for op in table if op.ptx.startswith("fma"))
+        return
     scale_regs = {f"s{i}" for i in range(p.registers)}
     for op in p.ops:                        # operand ops derived from a scale pair (nvfp4: e4m3 -> f16)
         if op.stage == "operand" and scale_regs & set(op.src):
@@ -277,7 +287,7 @@ def test_precision_rule_the_bias_is_never_folded_into_the_scale_fma(fmt, dtype, 
 
 def test_decode_program_errors_name_the_valid_choices():
     with pytest.raises(UnsupportedConfigError, match="fast=False"):
-        D.decode_program("nf4", "float16", "scale")
+        D.decode_program("mxfp4", "float16", "scale")
     with pytest.raises(UnsupportedConfigError, match="'none', 'scale'"):
         D.decode_program("int4", "float16", "quantized")
     with pytest.raises(UnsupportedConfigError, match="uint4, int4, int4_ob"):

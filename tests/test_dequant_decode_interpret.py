@@ -20,6 +20,8 @@ def _operands(p, rng):
                 else rng.integers(120, 134, E)
         else:
             scales = (rng.uniform(0.25, 2.0, E) * rng.choice([-1, 1], E)).astype(np.float32)
+            k = p.shared_scale_slots            # nf4 "scale" fast: one scale per output register pair
+            scales = np.repeat(scales[::k], k)
     if p.mode == "quantized":
         zeros = rng.integers(0, 1 << p.bits, E)
     elif p.mode in ("original", "rescale"):

@@ -189,8 +189,12 @@ def test_dispatcher_plan():
         ("fused96", 65, 96), ("fused128", 97, 128), ("fused160", 129, 160),
         ("fused128x2", 161, 511),
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
-    # no fast scaled decode for the fused kernel: nf4, fp4 with bf16 activations take the second plan
-    for fmt, dt in (("nf4", "float16"), ("float4_e2m1fn", "bfloat16")):
+    # no fast scaled decode for the fused kernel: fp4 with bf16 activations takes the second plan; nf4 (scaled
+    # tables) the fused one
+    for dt in ("float16", "bfloat16"):
+        assert DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format="nf4").ranges == DequantGemm(
+            8192, 8192, dtype=dt, arch="sm_90a").ranges
+    for fmt, dt in (("float4_e2m1fn", "bfloat16"),):
         assert [r[0] for r in DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format=fmt).ranges] == [
             "gemv8", "gemv16", "gemv32", "dense_mid", "dense"]
         with pytest.raises(UnsupportedConfigError, match="fast scaled decode"):

@@ -267,6 +267,29 @@ def test_fused_hopper_other_formats_on_the_interpreter(fmt, dtype, cfg):
     assert _rel(C, ref) < _tol(dtype)
 
 
+@pytest.mark.parametrize("dtype, group, cfg", [
+    (torch.float16, 128, dict(block_m=32, consumers=2, stages=3, k_split=True, chunks_per_stage=4, num_sms=2)),
+    (torch.float16, 64, _SPLIT4), (torch.bfloat16, 192, dict(block_m=32, consumers=1, stages=3, chunks_per_stage=2,
+                                                            num_sms=2)),
+    (torch.bfloat16, -1, dict(block_m=64, consumers=1, stages=3, num_sms=2))])
+def test_fused_hopper_nf4_tables_on_the_interpreter(dtype, group, cfg):
+    """nf4 with a scale builds each row's 16 scaled values (rounded once) as prmt tables once per scale group
+    (``emit_operands``) and looks the codes up per word: rebuilt at every group start of a stage (4 chunks of group
+    128, group 64 = every chunk), every chunk where a group straddles stages (192 with 2-chunk stages), once per
+    stage for a group per column. Exact: compared with the float64 product of ``dequantize()``."""
+    K2 = 768 if group == 192 else 512
+    g = torch.Generator().manual_seed(group + 3)
+    qw = D.quantize(torch.randn(128, K2, generator=g).to(dtype), D.QuantScheme("nf4", group_size=group))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(40, K2, generator=g).to(dtype)
+    ref = A.double() @ qw.dequantize().double().T
+    func, _ = make_dequant_gemm_hopper(None, 128, K2, dtype=str(dtype)[6:], config=HopperDequantConfig(**cfg), **kw)
+    C = torch.full((40, 128), float("nan"), dtype=dtype)
+    assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+    assert not torch.isnan(C).any()
+    assert _rel(C, ref) < _tol(dtype)
+
+
 @pytest.mark.parametrize("fmt, mode, dtype, group, cfg", [
     ("uint4", "original", torch.float16, 128, {}), ("uint4", "rescale", torch.bfloat16, 128, _SPLIT4),
     ("uint4", "quantized", torch.float16, -1, _SPLIT4), ("uint4", "quantized", torch.bfloat16, 128, {}),
@@ -310,11 +333,10 @@ def test_fused_hopper_on_gpu(M, dtype, group):
     ("int4_ob", torch.float16, None), ("nf4", torch.float16, None), ("int8", torch.bfloat16, None),
     ("int2", torch.float16, None), ("uint4", torch.float16, "quantized"), ("uint4", torch.bfloat16, "original")])
 def test_fused_paths_other_formats_on_gpu(fmt, dtype, zeros_mode):
-    """DequantGemm on sm_90a puts symmetric-GPTQ (int4_ob), asymmetric GPTQ / AWQ (uint4 with zeros), 8-bit (bf16: the
-    split-magic decode) and 2-bit weights on the fused paths too: M = 20 / 100 / 300 (fused32, fused128, fused128x2);
-    nf4 (no fast scaled decode) stays on gemv32 / dense_mid in the plan, and its fused paths run by name (fused32
-    here: their reference-converter kernels take ~15 s each to compile). NaN-poisoned outputs vs the float64 product (K=2048: 4 chunks per stage in fused32,
-    2 in the others; 8-bit rings with fewer stages)."""
+    """DequantGemm on sm_90a puts symmetric-GPTQ (int4_ob), asymmetric GPTQ / AWQ (uint4 with zeros), nf4 (scaled
+    tables built once per group), 8-bit (bf16: the split-magic decode) and 2-bit weights on the fused paths too: M =
+    20 / 100 / 300 (fused32, fused128, fused128x2), through the plan and by name. NaN-poisoned outputs vs the
+    float64 product (K=2048: 4 chunks per stage in fused32, 2 in the others; 8-bit rings with fewer stages)."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
 
     g = torch.Generator().manual_seed(11)
@@ -323,13 +345,11 @@ def test_fused_paths_other_formats_on_gpu(fmt, dtype, zeros_mode):
     tensors = [t.cuda() for t in tensors]
     wd = qw.dequantize().double().cuda()
     dg = DequantGemm(1024, 2048, dtype=str(dtype)[6:], **kw)
-    fused = ("fused32", "fused128", "fused128x2")
-    planned = ("gemv32", "dense_mid", "dense_mid") if fmt == "nf4" else fused
-    for (M, path), plan in zip(zip((20, 100, 300), fused), planned):
-        assert dg.path_for(M) == plan
+    for M, path in zip((20, 100, 300), ("fused32", "fused128", "fused128x2")):
+        assert dg.path_for(M) == path
         A = torch.randn(M, 2048, device="cuda").to(dtype)
-        by_name = () if fmt == "nf4" and path != "fused32" else (dg.run_path(path, A, *tensors),)
-        for C in (dg(A, *tensors, out=torch.full((M, 1024), float("nan"), dtype=dtype, device="cuda")), *by_name):
+        by_name = dg.run_path(path, A, *tensors, out=torch.full((M, 1024), float("nan"), dtype=dtype, device="cuda"))
+        for C in (dg(A, *tensors, out=torch.full((M, 1024), float("nan"), dtype=dtype, device="cuda")), by_name):
             torch.cuda.synchronize()
             assert not torch.isnan(C).any(), (fmt, M)
             ref = A.double() @ wd.T

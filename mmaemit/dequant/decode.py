@@ -4,7 +4,9 @@ A :class:`DecodeProgram` is data: a short list of :class:`Op` (one PTX instructi
 :func:`decode_program` from the format table. The SAME op list is
 
 * emitted into a kernel being parsed (``program.emit(word, out_regs, scale_pair, zero_pair)`` appends one
-  ``T.ptx.<mnemonic>`` statement per op; registers are local buffer elements), and
+  ``T.ptx.<mnemonic>`` statement per op; registers are local buffer elements; or the operand stage once with
+  ``regs = program.emit_operands(scale_pair, zero_pair)`` and then ``program.emit(word, out_regs, operands=regs)``
+  per word), and
 * run on the CPU with the bit-exact numpy semantics of :mod:`.regops` (``program.evaluate(words, scales, zeros)``),
 
 so the exhaustive CPU tests of ``evaluate`` against :func:`.scaling.dequantize` check exactly what the GPU runs.
@@ -23,8 +25,12 @@ Inputs and outputs of one program (one 32-bit word of E = 32/b codes, R = E/2 ou
 In a GEMM both halves of a register share the output row n and, for an even group size, the group, so each pair is
 ``{S, S}``: build it once per group with :func:`emit_broadcast_half` (one PRMT) or store scales pre-paired.
 Ops whose ``stage`` is ``"operand"`` read only the scale / zero inputs (the negated zero of "rescale", the
-``0xE400 | z`` of "quantized", the e4m3 -> f16 scale of nvfp4): ``emit`` issues each of them once per distinct
-operand expression, so hoisting the pair out of the K loop hoists them too.
+``0xE400 | z`` of "quantized", the e4m3 -> f16 scale of nvfp4, nf4's scaled tables): ``emit`` issues each of them
+once per distinct (structurally equal) operand expression within the call. To issue them once for many words (per
+scale group instead of per word), ``emit_operands`` emits them into registers (an :class:`OperandRegisters`;
+``alloc_operands(n)`` allocates n sets to fill and read by index inside TIR loops) and ``emit(..., operands=)``
+emits the word-stage ops only. ``op_counts("operand")`` counts the operand ops of the program (every pair
+distinct), ``op_counts("operand", shared=True)`` those of one distinct pair; ``per_8_weights()`` is word ops only.
 
 Fast path (``fast=True``, see :data:`FAST_DECODE`): the magic-number decode of :mod:`.fastdecode_reference`
 (``lop3``/``prmt`` into the mantissa of 0x6400 = 1024.0 (f16) / 0x4300 = 128.0 (bf16), one exact subtract, quantized
@@ -46,6 +52,19 @@ scale FMA), plus three table / hardware paths:
   high bytes up in 8-byte tables (codes 0-7 and 8-15, the code's low three bits as selectors), one ``prmt`` per
   plane picks table a or b per byte by code bit 3, and two ``prmt`` pair low with high bytes: 24 ops per word
   against 164 for the reference converter, the same bits.
+* nf4 -> f16 / bf16, mode "scale": the same 24 word ops reading the planes from registers, one table per weight row.
+  The operand stage builds, from a row's scale S, the table ``table[c] * S`` with every entry rounded ONCE (the
+  reference's value): a float32 product, exact after one ``cvt.rn`` for every finite bf16 scale and, with f16
+  scales, for 15 of the 16 codes (all 65536 scale patterns tried: code 2, -0.5251, double-rounds for 58 f16
+  scales, so its product is rounded to odd first, fma.rz / .rm / .rp + 2 lop3), then ``cvt.rn.*x2.f32`` of entries
+  (2k, 2k+1) and ``prmt`` 0x6420 / 0x7531 into the four planes. Per table (``op_counts("operand", shared=True)``):
+  f16 36 ops (1 cvt.f32.f16, 14 FMUL, 3 FFMA, 2 LOP3, 8 F2FP, 8 PRMT; the mov unpack is free), bf16 32 (1 SHL, 15
+  FMUL, 8 F2FP, 8 PRMT). Contract: output registers (0, 1) and (2, 3) each belong to one weight row and share one
+  scale (both halves of each pair), so the table of pair p is built from s_{2p} and s_1 / s_3 are not read
+  (``shared_scale_slots`` = 4; ``evaluate`` raises ``ArgumentError`` for differing scales within a pair). A table
+  is per (row, group): build it once per group with ``emit_operands`` (``hoist_operands``); the per-word form emits
+  two builds per word, which ptxas merges only between words reading the same pair registers (one chunk). Every
+  scale pattern gives the reference converter's bits, inf / NaN too (+-inf; 0 x inf and NaN -> the canonical NaN).
 
 Reference converter (``fast=False``, every format, every mode, f16 and bf16, sm_80+): per element, extract the field
 (``bfe.u32``), build its exact float32 value (integer ``cvt``; exponent-field placement and one exact power-of-two
@@ -56,9 +75,8 @@ in float32 (every non-integer format, "original", "rescale") are rounded to odd 
 subtracts ``w - Z`` in float32 (exact whenever ``w - Z`` fits 24 bits, e.g. integer GPTQ zeros; the float64 reference
 has the same caveat).
 
-Formats with the reference path only, and why: nf4 with a scale or zeros (a scaled 24-bit table value must round
-once; the rounded table times the scale would round twice), mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16
-pair; no one-byte bf16 LUT), float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers
+Formats with the reference path only, and why: mxfp4 (e8m0 scales 2^-127 .. 2^127 do not fit an f16 pair; no
+one-byte bf16 LUT), float8_e8m0fnu, and every (format, bf16) pair without a magic path: 8-bit integers
 with zeros other than uint8 "rescale" ("original" rounds q - Z in bf16 before the scale; "quantized" zero codes
 above 127 have no bf16 magic), e4m3 / nvfp4 (``cvt.*.bf16x2.e4m3x2`` is sm_100+), e5m2 (its
 byte is the high byte of an f16, not of a bf16) and e2m1 (its bf16 images do not share a zero low byte, so no
@@ -66,6 +84,7 @@ one-byte prmt LUT).
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -80,8 +99,8 @@ from .formats import NF4_TABLE, Format, get_format
 from .interleave import bit_positions
 from .rounding import half_name
 
-__all__ = ["MODES", "FAST_DECODE", "VARIANTS", "Imm", "Op", "DecodeProgram", "decode_program", "fast_modes",
-           "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half", "cost_table"]
+__all__ = ["MODES", "FAST_DECODE", "VARIANTS", "Imm", "Op", "DecodeProgram", "OperandRegisters", "decode_program",
+           "fast_modes", "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half", "cost_table"]
 
 MODES = ("none", "scale", "original", "rescale", "quantized")
 VARIANTS = ("shift", "marlin")
@@ -95,8 +114,8 @@ def _fast_table() -> dict:
     t[("float4_e2m1fn", "float16")] = {"none": "sm_80", "scale": "sm_80"}
     t[("float8_e4m3fn", "float16")] = {"none": cvt_e4m3, "scale": cvt_e4m3}
     t[("nvfp4", "float16")] = {"scale": cvt_e4m3}     # its e4m3 scale pair goes through the cvt
-    for d in ("float16", "bfloat16"):                  # the rounded table itself: exact without a scale only
-        t[("nf4", d)] = {"none": "sm_80"}
+    for d in ("float16", "bfloat16"):                  # "scale": a per-row table of once-rounded products
+        t[("nf4", d)] = {"none": "sm_80", "scale": "sm_80"}
     # split magic: the low 7 bits, then an exact subtract; not "original" (q - Z rounds in bf16 before the scale)
     # nor "quantized" (zero codes above 127 have no bf16 magic)
     for name in ("int8", "int8_ob", "uint8"):
@@ -114,6 +133,9 @@ SASS_CLASS = {
     "add.rn.f16x2": "HALF2", "sub.rn.f16x2": "HALF2", "fma.rn.f16x2": "HALF2",
     "add.rn.bf16x2": "HALF2", "sub.rn.bf16x2": "HALF2", "fma.rn.bf16x2": "HALF2",
     "cvt.rn.f16x2.e4m3x2": "F2FP", "cvt.rn.f16x2.f32": "F2FP", "cvt.rn.bf16x2.f32": "F2FP", "mov.b32": None,
+    # float32 ops (the nf4 "scale" table build; the reference converter)
+    "mul.rn.f32": "FMUL", "add.rn.f32": "FADD", "sub.rn.f32": "FADD", "cvt.rn.f32.u32": "I2F",
+    **{f"fma.{rnd}.f32": "FFMA" for rnd in ("rn", "rz", "rm", "rp")}, "cvt.f32.f16": "CVT_F16_F32",
 }
 
 
@@ -316,6 +338,49 @@ def _nf4_table_planes(dtype: str) -> tuple:
     return plane(range(8), 0), plane(range(8, 16), 0), plane(range(8), 8), plane(range(8, 16), 8)
 
 
+@functools.lru_cache(maxsize=None)
+def _nf4_double_rounding_codes(dtype: str) -> frozenset:
+    """NF4 codes c for which ``cvt.rn(mul.rn.f32(S, table[c]))`` differs from the once-rounded ``table[c] * S`` for
+    some finite ``dtype`` scale S: found by trying all 65536 scale bit patterns (f16: {2}, bf16: none). The table
+    build rounds exactly these products to odd first; a plain float32 product is exact for every other code."""
+    bits = np.arange(1 << 16, dtype=np.uint32)
+    with np.errstate(invalid="ignore"):
+        s = bits.astype(np.uint16).view(R.NP_HALF[dtype]).astype(np.float64)
+    s = s[np.isfinite(s)]
+    sf = R.f32_bits(s)
+    out = set()
+    for c, t in enumerate(NF4_TABLE):
+        twice = R.cvt_pack_f32(0, R.mul_f32(sf, R.f32_bits(t)), dtype) & np.uint32(0xFFFF)
+        once = R.round_np(float(t) * s, dtype).view(np.uint16)
+        if (twice != once).any():
+            out.add(c)
+    return frozenset(out)
+
+
+def _nf4_scaled_planes(b: _Builder, s: str, dtype: str) -> tuple:
+    """Operand stage: the planes of :func:`_nf4_table_planes` (same order, eight registers) of the table
+    ``table[c] * S``, S the scale in pair register ``s`` (read from its low half; both halves hold S), every entry
+    rounded ONCE: a float32 product (exact but for the codes of :func:`_nf4_double_rounding_codes`, which are
+    rounded to odd), then ``cvt.rn`` of entries (2k, 2k+1) into one pair, then ``prmt`` of two pairs into the
+    low-byte (0x6420) and high-byte (0x7531) words of four codes."""
+    st = _Staged(b)
+    if dtype == "float16":
+        sf = st.op("cvt.f32.f16", st.op("mov.b32", s)[0])
+    else:
+        sf = st.op("shl.b32", s, 16)                        # bf16 bits are the high half of its float32
+    odd = _nf4_double_rounding_codes(dtype)
+    vals = [sf if t == 1.0 else _odd_fma(st, sf, float(t), -0.0) if c in odd else st.op("mul.rn.f32", sf, float(t))
+            for c, t in enumerate(NF4_TABLE)]
+    cvt = "cvt.rn.f16x2.f32" if dtype == "float16" else "cvt.rn.bf16x2.f32"
+    pairs = [st.op(cvt, vals[2 * k + 1], vals[2 * k]) for k in range(8)]          # {entry 2k, entry 2k + 1}
+
+    def plane(first, sel):      # codes first .. first + 7: two words of four bytes each, code order
+        return tuple(st.op("prmt.b32", pairs[first // 2 + 2 * j], pairs[first // 2 + 2 * j + 1], sel)
+                     for j in range(2))
+
+    return plane(0, 0x6420), plane(8, 0x6420), plane(0, 0x7531), plane(8, 0x7531)
+
+
 def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: str, nreg: int):
     ar = _HalfArith(b, dtype, arch)
     bits = fmt.bits
@@ -350,10 +415,12 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
     elif fmt.name == "nf4":
         # 16-entry LUT of 16-bit values from two byte planes: prmt looks up 8-entry byte tables with the code's low
         # three bits (codes 0-7 and 8-15 separately), a third prmt picks per byte by code bit 3, a fourth pairs low
-        # and high bytes into the two halves of an output register
-        lo_a, lo_b, hi_a, hi_b = _nf4_table_planes(dtype)
+        # and high bytes into the two halves of an output register. Mode "none": the planes are immediates; "scale":
+        # registers, one table per register pair (0, 1) / (2, 3), built from s0 / s2 in the operand stage
+        planes = ([_nf4_table_planes(dtype)] * 2 if mode == "none" else
+                  [_nf4_scaled_planes(b, sp[2 * p], dtype) for p in range(2)])
         t = b.op("prmt.b32", "w", "w", 0x3120)          # nibbles (n0, n1, n4, n5 | n2, n3, n6, n7)
-        for s_, regs in ((t, (0, 1)), (b.op("shr.b32", t, 16), (2, 3))):
+        for (lo_a, lo_b, hi_a, hi_b), s_, regs in zip(planes, (t, b.op("shr.b32", t, 16)), ((0, 1), (2, 3))):
             idx = b.op("lop3.b32", s_, 0x7777, 0, _AND)                      # low three bits: byte selectors
             pick = b.op("lop3.b32", b.op("shr.b32", s_, 1), 0x4444, 0x3210, _AND_OR)   # byte k from a or b (+4)
             lo = b.op("prmt.b32", b.op("prmt.b32", lo_a[0], lo_a[1], idx), b.op("prmt.b32", lo_b[0], lo_b[1], idx),
@@ -411,8 +478,10 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
 
     # finish: exact integer value (no scale involved), then the mode
     neg_zero = _const2(0x8000)
+    if fmt.kind == "lut":           # nf4: the table holds the final (scaled) values
+        return out
     for i, o in enumerate(out):
-        if fmt.kind in ("float", "lut") or (bits == 8 and dtype == "bfloat16"):
+        if fmt.kind == "float" or (bits == 8 and dtype == "bfloat16"):
             pass
         elif marlin and i % 2:      # o = 1024 + 16q: (o / 16) - 64 (- 8 signed, - z quantized), exact
             sixteenth = _const2(_half_bits(1 / 16, dtype))
@@ -619,20 +688,40 @@ class DecodeProgram:
     def outputs(self) -> tuple:
         return tuple(f"o{i}" for i in range(self.registers))
 
+    @property
+    def hoist_operands(self) -> bool:
+        """Whether kernels should emit the operand stage once per scale group (:meth:`emit_operands`) instead of
+        per word: True where it is a table build (nf4 "scale" fast: 32-36 ops per row against 24 word ops); every
+        other operand stage is at most 3 ops per pair and kernels keep the per-word form (and their code)."""
+        return self.shared_scale_slots > 1
+
+    @property
+    def shared_scale_slots(self) -> int:
+        """Consecutive decode-order slots that must share one scale: 4 for the nf4 "scale" fast program (output
+        registers (0, 1) / (2, 3) look up one table each, built from s0 / s2; s1 / s3 are not read), else 1."""
+        return 4 if self.fast and self.fmt.kind == "lut" and self.mode == "scale" else 1
+
     def __str__(self):
         head = (f"# {self.format} -> {self.out_dtype}, mode {self.mode}, {self.arch}, "
                 f"{'fast' if self.fast else 'reference'}{'/' + self.variant if self.fast else ''}")
         return "\n".join([head, *(("  " if op.stage == "word" else "  [operand] ") + str(op) for op in self.ops)])
 
     # ---- counts -------------------------------------------------------------------------------------------
-    def op_counts(self, stage=None) -> Counter:
-        """Instructions per word by mnemonic (``stage``: None = all, "word", "operand")."""
-        return Counter(op.ptx for op in self.ops if stage is None or op.stage == stage)
+    def op_counts(self, stage=None, shared=False) -> Counter:
+        """Instructions per word by mnemonic (``stage``: None = all, "word", "operand"). Operand-stage ops count
+        as in the program (every pair distinct) or, with ``shared=True``, as :meth:`emit` issues them when every
+        s_i (and z_i) is one pair: the cost per distinct pair, e.g. one nf4 table build."""
+        ops = self.ops
+        if shared:
+            alias = {f"{p}{i}": f"{p}0" for p in "sz" for i in range(1, self.registers)}
+            ops = list(_dedup_operands(ops, alias))
+        return Counter(op.ptx for op in ops if stage is None or op.stage == stage)
 
-    def sass_counts(self, stage=None) -> Counter:
-        """Per-word count per SASS class of :data:`SASS_CLASS` (LOP3, PRMT, SHIFT, HALF2, F2FP)."""
+    def sass_counts(self, stage=None, shared=False) -> Counter:
+        """Per-word count per SASS class of :data:`SASS_CLASS` (LOP3, PRMT, SHIFT, HALF2, F2FP, FFMA, FMUL,
+        CVT_F16_F32; other mnemonics under their own name); ``shared`` as in :meth:`op_counts`."""
         out = Counter()
-        for name, n in self.op_counts(stage).items():
+        for name, n in self.op_counts(stage, shared).items():
             cls = SASS_CLASS.get(name, name)
             if cls is not None:
                 out[cls] += n
@@ -659,6 +748,14 @@ class DecodeProgram:
         for what, given, need in (("scales", scales, need_s), ("zeros", zeros, need_z)):
             if (given is None) == need:
                 raise ArgumentError(f"mode {self.mode!r} {'needs' if need else 'takes no'} {what}")
+        k = self.shared_scale_slots
+        if need_s and k > 1:        # one table per register pair: its slots must share the scale, bit for bit
+            sb = np.broadcast_to(scales, shape).astype(R.NP_HALF[self.out_dtype]).view(np.uint16)
+            sb = sb.reshape(*words.shape, self.elements // k, k)
+            if (sb != sb[..., :1]).any():
+                raise ArgumentError(f"the fast {self.format} 'scale' decode builds one table per output register "
+                                    f"pair: slots {k}j .. {k}j + {k - 1} (registers 2j, 2j + 1) must share one "
+                                    f"scale; use fast=False for per-element scales")
         if need_s:
             kind = "scale_code" if self.fmt.block_size is not None else "value"
             for i, p in enumerate(operand_pairs(np.broadcast_to(scales, shape), kind, self.out_dtype)):
@@ -685,21 +782,83 @@ class DecodeProgram:
         return out
 
     # ---- TIR emission -------------------------------------------------------------------------------------
-    def emit(self, word, out_regs, scale_pair=None, zero_pair=None) -> tuple:
+    def emit(self, word, out_regs, scale_pair=None, zero_pair=None, *, operands=None) -> tuple:
         """Append the ops to the kernel being parsed; returns the ops emitted (operand ops once per distinct pair).
 
         ``word``: a uint32 / int32 expression (best a register: it is read by several instructions).
         ``out_regs``: ``registers`` uint32 lvalues (buffer elements), output i = slots (2i, 2i+1).
         ``scale_pair`` / ``zero_pair``: one uint32 expression for every register, or a sequence of ``registers``.
+        ``operands``: instead of the pairs, an :class:`OperandRegisters` filled by :meth:`emit_operands`; then only
+        the word-stage ops are emitted, reading the operand-stage results from it.
         """
         from tvm.script import tirx as T
-
-        from ..emitters.builder import emit
 
         if len(out_regs) != self.registers:
             raise ArgumentError(f"{self.format} decodes into {self.registers} registers per word, "
                                 f"got {len(out_regs)} out_regs")
-        bind = {"w": word}
+        if operands is not None:
+            if scale_pair is not None or zero_pair is not None:
+                raise ArgumentError("pass either operands= (from emit_operands) or scale_pair / zero_pair, not both")
+            if not isinstance(operands, OperandRegisters) or operands.program != self:
+                raise ArgumentError("operands= must be this program's OperandRegisters (program.emit_operands(...) "
+                                    "or an index of program.alloc_operands(...) filled by emit_operands)")
+            if operands.alias is None:
+                raise ArgumentError("these operand registers were allocated but never filled: call "
+                                    "emit_operands(..., into=...) before emit(..., operands=...)")
+            bind, alias = {"w": word, **operands.bind()}, dict(operands.alias)
+            ops = [op for op in self.ops if op.stage == "word"]
+        else:
+            bind = {"w": word, **self._bind_pairs(scale_pair, zero_pair)}
+            alias = _alias_equal_inputs(bind, self.registers)
+            ops = self.ops
+        for i, r in enumerate(out_regs):
+            bind[f"o{i}"] = r
+        temps = [n for n in self.dtypes if n not in bind and (operands is None or n not in self.inputs)]
+        for dt in sorted({self.dtypes[n] for n in temps}):
+            names = [n for n in temps if self.dtypes[n] == dt]
+            buf = T.alloc_local((len(names),), _DT[dt])
+            for k, n in enumerate(names):
+                bind[n] = buf[k]
+        return self._emit_ops(ops, bind, alias)
+
+    def alloc_operands(self, *shape) -> "OperandRegisters":
+        """Allocate (``T.alloc_local``, where the kernel is being parsed) registers for the operand-stage results
+        of ``shape`` independent operand sets, e.g. one per n16 block a warp decodes; index the result (``regs[j]``,
+        j an int or a TIR expression) to fill one set with :meth:`emit_operands` and read it in :meth:`emit`."""
+        return OperandRegisters.allocate(self, shape)
+
+    def emit_operands(self, scale_pair=None, zero_pair=None, *, into=None) -> "OperandRegisters":
+        """Emit the operand-stage ops ONCE (deduplicated as :meth:`emit` does) into registers; returns them for any
+        number of ``emit(word, out_regs, operands=...)`` (the word-stage ops only).
+
+        ``scale_pair`` / ``zero_pair``: as in :meth:`emit`. ``into``: registers from :meth:`alloc_operands` (one
+        index of them) to fill; None allocates a fresh set here. The raw pairs the word stage reads itself (e.g.
+        the ``fma`` with s_i of the magic-number programs) are copied into the registers too, so the handle holds
+        the operand values of this point of the kernel. Emitting the operand stage where the scale of a group is
+        loaded (not per word) is what makes a table-building program (nf4 "scale") cheap per word.
+        """
+        from ..emitters.builder import store
+
+        regs = OperandRegisters.allocate(self, ()) if into is None else into
+        if not isinstance(regs, OperandRegisters) or regs.program != self:
+            raise ArgumentError("into= must be OperandRegisters of this program (program.alloc_operands(...)[j])")
+        if regs.shape:
+            raise ArgumentError(f"into= has {len(regs.shape)} unindexed dimension(s) of shape {list(regs.shape)}; "
+                                f"index it to one operand set (into=regs[j])")
+        bind = self._bind_pairs(scale_pair, zero_pair)
+        alias = _alias_equal_inputs(bind, self.registers)
+        given = dict(bind)
+        bind.update(regs.bind())
+        for name in regs.captured:
+            if name not in alias:   # an aliased pair reads the register of the (earlier) pair it equals
+                store(regs.buffers["u32"], _tir_operand(given[name], "u32"), (*regs.index, regs.slots[name][1]))
+        emitted = self._emit_ops([op for op in self.ops if op.stage == "operand"], bind, alias)
+        regs.set_alias(alias)
+        regs.ops = emitted
+        return regs
+
+    def _bind_pairs(self, scale_pair, zero_pair) -> dict:
+        bind = {}
         for prefix, given, need in (("s", scale_pair, self.mode != "none"),
                                     ("z", zero_pair, self.mode in ("original", "rescale", "quantized"))):
             if (given is None) == need:
@@ -712,33 +871,90 @@ class DecodeProgram:
                 raise ArgumentError(f"pass one {prefix}-pair or {self.registers}, got {len(seq)}")
             for i, e in enumerate(seq):
                 bind[f"{prefix}{i}"] = e
-        for i, r in enumerate(out_regs):
-            bind[f"o{i}"] = r
+        return bind
 
-        alias = _alias_equal_inputs(bind, self.registers)
-        temps = [n for n in self.dtypes if n not in bind]
-        for dt in sorted({self.dtypes[n] for n in temps}):
-            names = [n for n in temps if self.dtypes[n] == dt]
-            buf = T.alloc_local((len(names),), _DT[dt])
-            for k, n in enumerate(names):
-                bind[n] = buf[k]
-        seen, emitted = {}, []
-        for op in self.ops:
-            src = tuple(alias.get(s, s) if isinstance(s, str) else s for s in op.src)
-            if op.stage == "operand":
-                key = (op.ptx, src)
-                if key in seen:
-                    for d, prev in zip(op.dst, seen[key]):
-                        alias[d] = prev
-                    continue
-                seen[key] = op.dst
+    def _emit_ops(self, ops, bind, alias) -> tuple:
+        from tvm.script import tirx as T
+
+        from ..emitters.builder import emit
+
+        emitted = []
+        for op in _dedup_operands(ops, alias):
             _, src_dt, _ = _SPEC[op.ptx]
             args = [_tir_operand(bind[s], dt) if isinstance(s, str) else _tir_imm(s.value, dt)
-                    for s, dt in zip(src, src_dt)]
+                    for s, dt in zip(op.src, src_dt)]
             dsts = [bind[d] for d in op.dst]
             emit(T.ptx[op.ptx](*dsts, *args))
-            emitted.append(Op(op.ptx, op.dst, src, op.stage))
+            emitted.append(op)
         return tuple(emitted)
+
+
+class OperandRegisters:
+    """Registers holding a program's operand-stage results (and the raw s_i / z_i its word stage reads), filled by
+    :meth:`DecodeProgram.emit_operands` and read by ``DecodeProgram.emit(..., operands=...)``.
+
+    ``shape``: the unindexed leading dimensions (one operand set per index); ``regs[j]`` names set j. ``alias``:
+    program register -> the register holding its value (equal pairs, deduplicated ops), set by ``emit_operands``
+    and shared by every index of one allocation (one ``emit_operands`` parse per set layout)."""
+
+    def __init__(self, program, slots, buffers, captured, shape, index, state):
+        self.program, self.slots, self.buffers, self.captured = program, slots, buffers, captured
+        self.shape, self.index, self._state = tuple(shape), tuple(index), state
+        self.ops = ()
+
+    @classmethod
+    def allocate(cls, program, shape):
+        from tvm.script import tirx as T
+
+        # raw pairs the word stage reads: all of a prefix (an aliased pair reads an earlier one's register)
+        word_reads = {s[0] for op in program.ops if op.stage == "word" for s in op.src if isinstance(s, str)}
+        captured = tuple(n for n in program.inputs if n != "w" and n[0] in word_reads)
+        names = [n for op in program.ops if op.stage == "operand" for n in op.dst]
+        dtypes = {**{n: "u32" for n in captured}, **{n: program.dtypes[n] for n in names}}
+        slots, buffers = {}, {}
+        for dt in sorted(set(dtypes.values())):
+            group = [n for n in dtypes if dtypes[n] == dt]
+            buffers[dt] = T.alloc_local((*shape, len(group)), _DT[dt])
+            slots.update({n: (dt, k) for k, n in enumerate(group)})
+        return cls(program, slots, buffers, captured, shape, (), {"alias": None})
+
+    def __getitem__(self, j):
+        if not self.shape:
+            raise ArgumentError("these operand registers are one set already; there is nothing to index")
+        return OperandRegisters(self.program, self.slots, self.buffers, self.captured, self.shape[1:],
+                                (*self.index, j), self._state)
+
+    @property
+    def alias(self):
+        return self._state["alias"]
+
+    def set_alias(self, alias: dict):
+        if self._state["alias"] is not None and self._state["alias"] != alias:
+            raise ArgumentError("emit_operands was already parsed into these registers with other equal pairs; "
+                                "pairs that are structurally equal in one set must be so in every set")
+        self._state["alias"] = dict(alias)
+
+    def bind(self) -> dict:
+        """Program register name -> its TIR lvalue in this (fully indexed) set."""
+        if self.shape:
+            raise ArgumentError(f"index the operand registers (shape {list(self.shape)}) to one set first")
+        return {n: self.buffers[dt][(*self.index, k)] for n, (dt, k) in self.slots.items()}
+
+
+def _dedup_operands(ops, alias):
+    """The ops with their sources renamed through ``alias``; an operand-stage op repeating an earlier one (same
+    mnemonic, same renamed sources) is dropped and its destinations are aliased to the earlier op's."""
+    seen = {}
+    for op in ops:
+        src = tuple(alias.get(s, s) if isinstance(s, str) else s for s in op.src)
+        if op.stage == "operand":
+            key = (op.ptx, src)
+            if key in seen:
+                for d, prev in zip(op.dst, seen[key]):
+                    alias[d] = prev
+                continue
+            seen[key] = op.dst
+        yield Op(op.ptx, op.dst, src, op.stage)
 
 
 def _alias_equal_inputs(bind: dict, nreg: int) -> dict:
@@ -875,8 +1091,11 @@ def emit_broadcast_half(dst, src, high: bool = False):
 
 
 def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_only=True) -> str:
-    """Markdown table of the decode cost per 8 weights (word ops; operand ops per distinct pair in brackets) for
-    every fast path (and, with ``fast_only=False``, every reference program), generated from the programs."""
+    """Markdown table of the decode cost per 8 weights (word-stage ops) for every fast path (and, with
+    ``fast_only=False``, every reference program), generated from the programs; the last column counts the
+    operand-stage ops of one word with every pair distinct, and in brackets those of one distinct pair (what
+    ``emit_operands`` issues per scale group when all registers share it; nf4 "scale": one table build), both
+    without the free ``mov.b32`` unpack."""
     from .formats import FORMATS
 
     rows = ["| format | out | mode | arch | path | LOP3 | PRMT | SHIFT | HALF2 | F2FP | other | per 8 weights |"
@@ -889,7 +1108,7 @@ def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_o
                     if mode in fast_modes(name, dtype, arch):
                         variants.append((True, "shift"))
                         fmt = get_format(name)
-                        if fmt.bits == 4 and dtype == "float16" and fmt.kind != "float":
+                        if fmt.bits == 4 and dtype == "float16" and fmt.kind in ("int", "uint"):
                             variants.append((True, "marlin"))
                     if not fast_only:
                         variants.append((False, "shift"))
@@ -901,6 +1120,10 @@ def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_o
                         other = sum(v for k, v in c.items() if k not in cls)
                         cells = [f"{c[k] * scale:g}" for k in cls] + [f"{other * scale:g}"]
                         path = ("fast" + ("/marlin" if variant == "marlin" else "")) if fast else "reference"
+                        n_all, n_one = (sum(v for k, v in p.op_counts("operand", sh).items() if k != "mov.b32")
+                                        for sh in (False, True))
                         rows.append(f"| {name} | {dtype} | {mode} | {arch} | {path} | {' | '.join(cells)} | "
-                                    f"{p.per_8_weights():g} | {sum(p.op_counts('operand').values())} |")
+                                    f"{p.per_8_weights():g} | {n_all} ({n_one}) |" if n_all else
+                                    f"| {name} | {dtype} | {mode} | {arch} | {path} | {' | '.join(cells)} | "
+                                    f"{p.per_8_weights():g} | 0 |")
     return "\n".join(rows)

@@ -19,6 +19,8 @@ block, ``(n_off, k_off) = operand_coords(lane)[i]``; with an even group size bot
 ``gi(kb*BK + k_off)``, so the register's operand is the pair {S, S} (and {Z, Z}): load S[n, g] (a uint16 of
 f16 / bf16 bits) and broadcast it with :func:`mmaemit.dequant.decode.emit_broadcast_half` (one PRMT), once per group.
 For a group size that is a multiple of BK a word has TN distinct pairs (rows ``l // 4`` and ``8 + l // 4``).
+nf4 with a scale (fast) builds one table per row from the pair of registers (0, 1) / (2, 3), whose rows are
+``l // 4`` / ``8 + l // 4``: build them once per group with ``program.emit_operands`` and pass ``operands=``.
 """
 from __future__ import annotations
 
@@ -110,10 +112,11 @@ class DequantBEmitter:
             out.append(B_frag[tk][j, slot] if seq else B_frag[tk, j, slot] if stacked else B_frag[j, slot])
         return out
 
-    def decode(self, word, B_frag, j=0, *, n8=0, scale_pair=None, zero_pair=None) -> tuple:
+    def decode(self, word, B_frag, j=0, *, n8=0, scale_pair=None, zero_pair=None, operands=None) -> tuple:
         """Emit the decode of ``word`` (a uint32 / int32 register) into B micro tile ``j`` (see :meth:`b_targets`).
 
         ``scale_pair`` / ``zero_pair``: one uint32 pair expression, or one per register (see the module doc).
-        Returns the ops emitted.
+        ``operands``: instead, the registers ``self.program.emit_operands(...)`` filled once for the group (what
+        a table-building program, ``program.hoist_operands``, wants). Returns the ops emitted.
         """
-        return self.program.emit(word, self.b_targets(B_frag, j, n8), scale_pair, zero_pair)
+        return self.program.emit(word, self.b_targets(B_frag, j, n8), scale_pair, zero_pair, operands=operands)

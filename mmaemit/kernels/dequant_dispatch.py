@@ -2,8 +2,8 @@
 
 ``DequantGemm(N, K, ...)`` holds one kernel per M range (each with a symbolic M, bound from A's shape at every call).
 On sm_90a with weights whose scaled decode has a fast program (int4, int4_ob = symmetric GPTQ, uint4 with or
-without zero points = asymmetric GPTQ / AWQ, 8-bit integers, int2 / int1, and fp4 / fp8 with fp16 activations; not
-nf4, whose fused kernel would run the reference converter: 0.31x cuBLAS at M=32 on the H100; N a multiple of 64) the plan is
+without zero points = asymmetric GPTQ / AWQ, 8-bit integers, int2 / int1, nf4 (per-row scaled tables built once per
+group), and fp4 / fp8 with fp16 activations; N a multiple of 64) the plan is
 
 ==============  ====================  ==========================================================================
 path            M range (defaults)    kernel
@@ -138,8 +138,9 @@ _FUSED_K_FALLBACKS = {"fused8": ((2, 8), (1, 8)), "fused16": ((2, 8), (1, 8)), "
 @functools.lru_cache(maxsize=None)
 def _fast_fused_decode(weight_format, dtype, zeros_mode=None) -> bool:
     """Whether the fused kernel's decode (mode "scale" or the zeros mode, sm_90a) is a fast program; without one
-    (nf4, float4_e2m1fn -> bfloat16, uint8 -> bfloat16 with "original" / "quantized" zeros) the fused paths are
-    correct but slow (H100, 8192^2 nf4 fp16: 167 us at M=32, 0.31x cuBLAS), so the plan leaves them out."""
+    (float4_e2m1fn -> bfloat16, uint8 -> bfloat16 with "original" / "quantized" zeros) the fused paths are correct
+    but slow (the reference converter: nf4 before its table decode took 167 us at M=32 on the H100 at 8192^2, 0.31x
+    cuBLAS), so the plan leaves them out."""
     from .dequant_parts import kernel_decode_program
 
     return bool(kernel_decode_program(weight_format, dtype, zeros_mode or "scale", "sm_90a").fast)
@@ -253,9 +254,9 @@ class DequantGemm:
             raise UnsupportedConfigError(
                 f"fused=True, but no fused Hopper path fits: they need sm_90a (arch={self.arch}), weight_format in "
                 f"{choices(HOPPER_FUSED_FORMATS)} (got {self.weight_format!r}), a fast scaled decode of it for "
-                f"{self.dtype} with zeros_mode={self.zeros_mode!r} (nf4, fp4 / fp8 -> bfloat16, and uint8 -> "
-                f"bfloat16 with 'original' / 'quantized' zeros have none: the fused kernel then runs the reference "
-                f"converter, 0.31x cuBLAS for nf4 at M=32) and N a multiple of 64 (N={self.N}); pass fused=None to "
+                f"{self.dtype} with zeros_mode={self.zeros_mode!r} (fp4 / fp8 -> bfloat16, and uint8 -> bfloat16 "
+                f"with 'original' / 'quantized' zeros have none: the fused kernel would run the reference "
+                f"converter, ~0.3x cuBLAS at M=32) and N a multiple of 64 (N={self.N}); pass fused=None to "
                 f"use them where they fit")
         return self.use_fused is not False and fits
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from mmaemit import TensorCoreIntrinEmitter
 from mmaemit.dequant.kernel_layout import CHUNK, words_per_chunk
 from mmaemit.dtypes import canonical
+from mmaemit.emitters.builder import only_if
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import (WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_MODES, check_scheme,  # noqa: F401
                                            grid_kernel, kernel_decode_program, pair_of_column, symbolic_m)
@@ -56,12 +57,13 @@ class _WordPlan:
         self.steps_per_word = max(1, self.regs // 4)     # 2-bit: 2, 1-bit: 4
         self.stash = max(0, self.regs - 4)       # outputs kept for the word's later steps
 
-    def decode_step(self, program, s, word, b_reg, stash, pair):
+    def decode_step(self, program, s, word, b_reg, stash, pair, operands=None):
         """Emit the decode of the words k16 step ``s`` (a TIR loop variable) starts, for one n16 block:
         ``word(w)`` the block's word register w, ``b_reg(r)`` B-fragment lvalue r, ``stash(i)`` stash lvalue i
         (outputs 4.. of a word with R > 4, used by the word's later steps), ``pair(h)`` the (scale, zero) operand
-        pairs of n8 half h, each None when the program takes none. With R > 4 call it only when
-        ``s % steps_per_word == 0``."""
+        pairs of n8 half h, each None when the program takes none; ``operands``: the block's operand registers
+        (``program.emit_operands`` with :meth:`operand_halves`' pairs) instead of ``pair``. With R > 4 call it only
+        when ``s % steps_per_word == 0``."""
         for u in range(self.words_per_step):
             if self.words_per_step > 1:
                 w = s * self.words_per_step + u
@@ -71,10 +73,20 @@ class _WordPlan:
                 w = s
             regs = [u * self.regs + i for i in range(self.regs)]        # chunk registers relative to step s
             out = [b_reg(c) if c < 4 else stash(c - 4) for c in regs]
+            if operands is not None:
+                program.emit(word(w), out, operands=operands)
+                continue
             pairs = [pair(c % 4 // 2) for c in regs]
             sp = None if pairs[0][0] is None else [p[0] for p in pairs]
             zp = None if pairs[0][1] is None else [p[1] for p in pairs]
             program.emit(word(w), out, scale_pair=sp, zero_pair=zp)
+
+    def operand_halves(self):
+        """The n8 half of each output register of a word, the same for every word of a block where a step starts
+        one word (b <= 4): the pairs to give ``emit_operands`` for a block's operand registers."""
+        if self.words_per_step != 1:
+            raise UnsupportedConfigError("8-bit words alternate their n8 halves; their operands are per word")
+        return [c % 4 // 2 for c in range(self.regs)]
 
     def from_stash(self, s, c):
         """Stash index of B-fragment register ``c`` at a step ``s`` that does not start a word (R > 4)."""
@@ -384,11 +396,27 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
     program = kernel_decode_program(weight_format, dtype, "scale" if zeros_mode is None else zeros_mode, arch)
     HAS_Z = z_kind is not None
     ZD = dtype if z_kind in (None, "act") else z_kind
+    # nf4 "scale": the rows' scaled tables once per scale group (8 registers per row, 16 per n16 block, live across
+    # the group). Up to 2 blocks per warp only: with 4 (64-wide warp tiles) the 64 table registers spill (ptxas,
+    # sm_80: 280 bytes against 112 for the per-word form, whose identical builds ptxas merges to one per chunk)
+    HOIST = program.hoist_operands and WC <= 2
+    GC = G // CHUNK
 
-    def decode_step(s, j, wb, B_frag, stash, sp, zp):
+    def decode_step(s, j, wb, B_frag, stash, sp, zp, opr):
         # appends the ops of the words step s starts (warp n16 block j); returns nothing to the parser
         plan.decode_step(program, s, lambda w: wb[j, w], lambda r: B_frag[j, r], lambda i: stash[j, i],
-                         lambda h: (sp[j, h], zp[j, h] if HAS_Z else None))
+                         lambda h: (sp[j, h], zp[j, h] if HAS_Z else None), opr[j] if HOIST else None)
+
+    def operand_registers():
+        return program.alloc_operands(WC) if HOIST else None
+
+    def build_operands(j, kt, sp, zp, opr):
+        # HOIST only: block j's operand stage at the first chunk of each scale group (the group's pairs in sp / zp)
+        if HOIST:
+            halves = plan.operand_halves()
+            with only_if(kt % GC == 0 if GC > 1 else None):
+                program.emit_operands([sp[j, h] for h in halves], [zp[j, h] for h in halves] if HAS_Z else None,
+                                      into=opr[j])
 
     def stash_buffer():
         # the later steps' registers of 2 / 1-bit words; none for 8 / 4-bit (each step decodes its own words)
@@ -429,6 +457,7 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
         sp = T.alloc_local((WC, 2), "uint32")         # {s, s} for the B-fragment columns g and 8 + g
         zp = T.alloc_local((WC, 2), "uint32")         # {z, z} likewise
         sv = T.alloc_local((2,), "uint32")
+        opr = T.meta_var(operand_registers())
         g = T.meta_var(lane // 4)
         c = T.meta_var(lane % 4)
         wm = T.meta_var(em.warp_coords(warp)[0])
@@ -490,6 +519,7 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                     T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Zs.ptr_to([st, nb, g // 2 * 4]))
                     zp[j, 0] = pair_of_column(sv[0], sv[1], g, 0)
                     zp[j, 1] = pair_of_column(sv[0], sv[1], g, 1)
+                build_operands(j, kt, sp, zp, opr)
             for half in T.unroll(2):
                 for i in T.unroll(WR):
                     for r in T.unroll(2):
@@ -501,12 +531,12 @@ def make_dequant_gemm_tiled(M, N, K, group_size=128, dtype="float16", config: Ti
                     for j in T.unroll(WC):
                         if STASHED:                # 2 / 1-bit: a word spans 2 / 4 steps
                             if s % plan.steps_per_word == 0:
-                                decode_step(s, j, wb, B_frag, stash, sp, zp)
+                                decode_step(s, j, wb, B_frag, stash, sp, zp, opr)
                             else:
                                 for q in T.unroll(4):
                                     B_frag[j, q] = stash[j, plan.from_stash(s, q)]
                         else:
-                            decode_step(s, j, wb, B_frag, stash, sp, zp)
+                            decode_step(s, j, wb, B_frag, stash, sp, zp, opr)
                     for i in T.unroll(WR):
                         A_frag[i, 0] = ab[i, 0, 2 * s2]
                         A_frag[i, 1] = ab[i, 1, 2 * s2]

@@ -350,6 +350,11 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     program = kernel_decode_program(weight_format, dtype, zeros_mode or "scale", arch.name)
     R = program.registers                 # B-fragment registers per word (16 / bits)
     A_ORDER = wgmma_a_order(dtype)
+    # a table-building decode (nf4 with a scale: each row's 16 scaled values, rounded once) builds its operands once
+    # per scale group into registers (emit_operands) instead of once per word
+    HOIST = program.hoist_operands
+    if HOIST and R % 4:
+        raise AssertionError(f"{weight_format}: hoisted decode operands need 4 registers per word row pattern, R={R}")
     PLAN = quad_word_plan(bits)
     if NACC != em.local_size_c:
         raise AssertionError(f"{em.local_size_c} accumulators per thread, expected {NACC}")
@@ -380,7 +385,15 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         store(y, T.Select(bit, rr[0], y[lo]), (lo,))
                         store(y, T.Select(bit, y[hi], rr[0]), (hi,))
 
-    def decode_steps(wb, y, af, sp, zp):
+    def word_pairs(pairs, w):
+        # the scale / zero pair of each output register of word w: that of its n8 half (row g or g + 8)
+        return [pairs[((w * R + i) % 4) // 2] for i in range(R)]
+
+    def build_operands(sp, zp, opr):
+        # the hoisted operand stage (a row's scaled tables) into opr, once per scale group
+        program.emit_operands(scale_pair=word_pairs(sp, 0), zero_pair=word_pairs(zp, 0) if HAS_Z else None, into=opr)
+
+    def decode_steps(wb, y, af, sp, zp, opr):
         # decode word w (assembled from the received bundles; 4 / 8 bits: one bundle word as is) gives the
         # B-fragment registers rho = w R .. w R + R - 1 = 4 S + r (r = [n0 H0, n0 H1, n1 H0, n1 H1] of k16 step S);
         # they land in wgmma A order; register r's scale is that of its n8 half r // 2
@@ -393,26 +406,35 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 word = wb[w]
             rhos = [w * R + i for i in range(R)]
             regs = [af[4 * (rho // 4) + A_ORDER.index(rho % 4)] for rho in rhos]
-            program.emit(word, regs, scale_pair=[sp[(rho % 4) // 2] for rho in rhos],
-                         zero_pair=[zp[(rho % 4) // 2] for rho in rhos] if HAS_Z else None)
+            if HOIST:
+                program.emit(word, regs, operands=opr)
+            else:
+                program.emit(word, regs, scale_pair=word_pairs(sp, w), zero_pair=word_pairs(zp, w) if HAS_Z else None)
 
     @T.inline
-    def sub(Ss, Zs, Ws, acc, af, wb, y, rr, sv, sp, zp, desc, s, it, u, j, first, blk, lane, g, q, final):
-        # chunk j (a Python int) of the unit in stage s: words, scales (and zeros) -> A registers af -> 4 wgmmas
-        T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, j if SPS > 1 else 0, blk,
-                                                           j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
-        if HAS_Z:
-            T.ptx["ld.shared.v2.b32"](sv[2], sv[3], Zs.ptr_to([s, j if SPS > 1 else 0, blk,
+    def sub(Ss, Zs, Ws, acc, af, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, j, first, blk, lane, g, q, final):
+        # chunk j (a Python int) of the unit in stage s: words, scales (and zeros) -> A registers af -> 4 wgmmas;
+        # hoisted operands are rebuilt where a scale group may start: the unit's first chunk, chunks at a group
+        # boundary of the stage, every chunk when a group straddles stages (one scale box per chunk)
+        fresh = T.meta_var(not HOIST or j == 0 or SPS > 1 or j * CHUNK % G == 0)
+        if fresh:
+            T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, j if SPS > 1 else 0, blk,
                                                                j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
+            if HAS_Z:
+                T.ptx["ld.shared.v2.b32"](sv[2], sv[3], Zs.ptr_to([s, j if SPS > 1 else 0, blk,
+                                                                   j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
         for w in T.unroll(WPC):
             wb[w] = T.reinterpret("uint32", Ws[s, blk, j, lane, w])
         repair(wb, y, rr, q)
-        sp[0] = pair_of_column(sv[0], sv[1], g, 0)
-        sp[1] = pair_of_column(sv[0], sv[1], g, 1)
-        if HAS_Z:
-            zp[0] = pair_of_column(sv[2], sv[3], g, 0)
-            zp[1] = pair_of_column(sv[2], sv[3], g, 1)
-        decode_steps(wb, y, af, sp, zp)
+        if fresh:
+            sp[0] = pair_of_column(sv[0], sv[1], g, 0)
+            sp[1] = pair_of_column(sv[0], sv[1], g, 1)
+            if HAS_Z:
+                zp[0] = pair_of_column(sv[2], sv[3], g, 0)
+                zp[1] = pair_of_column(sv[2], sv[3], g, 1)
+            if HOIST:
+                build_operands(sp, zp, opr)
+        decode_steps(wb, y, af, sp, zp, opr)
         em.fence()
         for ks in T.unroll(KSTEPS):
             em.mma([acc[i] for i in range(NACC)], [af[4 * ks + i] for i in range(4)], desc, ks,
@@ -438,7 +460,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 ring.consumer_release(it + ST - STEP, pred=u > first)
 
     @T.inline
-    def unit(Ss, Zs, Ws, acc, afa, afb, wb, y, rr, sv, sp, zp, desc, t, u, first, c, warp, lane, g, q, final=False):
+    def unit(Ss, Zs, Ws, acc, afa, afb, wb, y, rr, sv, sp, zp, opr, desc, t, u, first, c, warp, lane, g, q,
+             final=False):
         # ring stage u of tile t (chunks kt = CPS u .. CPS u + CPS - 1); first: this consumer's first unit (0, or c
         # with k_split); its previous one is u - STEP. CPS = 1: chunk on afa (the caller alternates the buffers);
         # CPS = 2, 4: the chunks alternate afa / afb, so every unit starts on afa
@@ -446,12 +469,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         s = T.meta_var(ring.stage(it))
         blk = T.meta_var((0 if KS else c) * 4 + warp)     # the warp's n16 block in the stage
         ring.consumer_wait(it)
-        sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, desc, s, it, u, 0, first, blk, lane, g, q, final)
+        sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q, final)
         if CPS >= 2:
-            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, desc, s, it, u, 1, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g, q, final)
         if CPS == 4:
-            sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, desc, s, it, u, 2, first, blk, lane, g, q, final)
-            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, desc, s, it, u, 3, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g, q, final)
 
     @T.inline
     def epilogue(Cs, c_map, acc, tm, tn, r, tid):
@@ -530,6 +553,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             sv = T.alloc_local((4 if HAS_Z else 2,), "uint32")
             sp = T.alloc_local((2,), "uint32")
             zp = T.meta_var(T.alloc_local((2,), "uint32") if HAS_Z else sp)
+            opr = T.meta_var(program.alloc_operands() if HOIST else None)
             desc = em.alloc_descriptor()
             em.init_descriptor(desc, Xs, "B")
             tile = T.alloc_local((2,), "int32")
@@ -540,30 +564,30 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 first = T.meta_var(c if KS else 0)
                 if INF == 0:
                     for j in T.serial(KC):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * j, first, c,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
                              warp, lane, g, q)
                 elif CPS > 1:
                     # every unit alternates the A buffers itself; the last one retires all
                     for j in T.serial(KC - 1):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * j, first, c,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
                              warp, lane, g, q)
-                    unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 1), first, c,
-                         warp, lane, g, q, True)
+                    unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                         first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 else:
                     # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
                     for j2 in T.serial(PAIRS):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (2 * j2), first,
-                             c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (2 * j2 + 1),
-                             first, c, warp, lane, g, q)
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                             first + STEP * (2 * j2), first, c, warp, lane, g, q)
+                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, opr, desc, t,
+                             first + STEP * (2 * j2 + 1), first, c, warp, lane, g, q)
                     if KC - 2 * PAIRS == 2:
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 2), first,
-                             c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 1), first,
-                             c, warp, lane, g, q, True)
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                             first + STEP * (KC - 2), first, c, warp, lane, g, q)
+                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, opr, desc, t,
+                             first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                     else:
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, desc, t, first + STEP * (KC - 1), first,
-                             c, warp, lane, g, q, True)
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                             first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
                 if KS:
                     # consumers 1 .. NC - 1 hand their sums to consumer 0 (thread for thread: the same accumulator
