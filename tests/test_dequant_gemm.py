@@ -6,8 +6,8 @@ import torch
 
 import mmaemit
 from mmaemit import dequant as D
-from mmaemit.dequant.kernel_layout import (from_kernel_layout, from_kernel_scales, k_permutation, to_kernel_layout,
-                                           to_kernel_scales)
+from mmaemit.dequant.kernel_layout import (from_kernel_layout, from_kernel_scales, k_permutation, kernel_arguments,
+                                           to_kernel_layout, to_kernel_scales)
 from mmaemit.errors import TileShapeError
 from mmaemit.kernels.dequant_gemm import (GemvConfig, TiledConfig, make_dequant_gemm, make_dequant_gemm_tiled,
                                            make_dequant_gemv)
@@ -71,16 +71,45 @@ def test_gemv_two_m16_tiles_on_the_interpreter(M, m_max, dtype, config):
     assert rel < (2e-3 if dtype == torch.float16 else 8e-3), rel
 
 
-def test_gemv_sass_streams_weights_with_16_byte_cp_async():
+@pytest.mark.parametrize("ring", [None, False])
+def test_gemv_sass_streams_weights_with_16_byte_cp_async(ring):
+    """Weights by 16-byte cp.async; with the operand ring (the default at M <= 8) the activations and scales come
+    through it too (no LDG left), without it by 16- / 8-byte LDG."""
     M, N, K = 1, 8192, 8192
-    func, em = make_dequant_gemv(M, N, K, 128, arch="sm_90a")
+    func, em = make_dequant_gemv(M, N, K, 128, config=GemvConfig(operand_ring=ring), arch="sm_90a")
     kernel = mmaemit.compile(func, target="sm_90a")
     hist = kernel.opcode_histogram("sm_90a")
     mix = kernel.instruction_mix("sm_90a")
     assert hist.get("LDGSTS.E.BYPASS.128", 0) > 0 and mix["HMMA"] > 0
-    assert mix["LDG"] > 0 and all(k.startswith(("LDG.E.128", "LDG.E.64")) for k in hist
-                               if k.startswith("LDG.") and not k.startswith("LDGSTS"))
+    ldg = [k for k in hist if k.startswith("LDG.") and not k.startswith("LDGSTS")]
+    if ring is None:
+        assert not ldg and hist.get("LDGSTS.E.64", 0) > 0, hist
+    else:
+        assert ldg and all(k.startswith(("LDG.E.128", "LDG.E.64")) for k in ldg)
     assert kernel.resource_usage("sm_90a").spill_bytes == 0
+
+
+@pytest.mark.parametrize("fmt, zeros, dtype, m_max, M", [
+    ("int4", None, torch.float16, 8, 1), ("int4", None, torch.bfloat16, 16, 13), ("uint4", "quantized", torch.float16,
+                                                                                  8, 5),
+    ("int2", None, torch.float16, 16, 9), ("int8", None, torch.float16, 8, 3), ("nf4", None, torch.bfloat16, 8, 8)])
+def test_gemv_operand_ring_is_bit_identical(fmt, zeros, dtype, m_max, M):
+    """Activations and scales (zeros) through the cp.async ring give the same bits as their ld.global loads."""
+    N, K = 64, 1024
+    g = torch.Generator().manual_seed(len(fmt) + M)
+    qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(M, K, generator=g).to(dtype)
+    outs = []
+    for ring in (False, True):
+        func, _ = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], arch="sm_90a", m_max=m_max, config=GemvConfig(
+            n_blocks=2, k_slices=2, stages=3, operand_ring=ring), **kw)
+        C = torch.full((M, N), float("nan"), dtype=dtype)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    assert not torch.isnan(outs[1]).any() and torch.equal(outs[0], outs[1])
+    ref = A.double() @ qw.dequantize().double().T
+    assert ((outs[1].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
 
 
 def test_gemv_rejects_bad_shapes():
@@ -96,7 +125,7 @@ def test_gemv_rejects_bad_shapes():
 
 GEMV_GPU_CONFIGS = [GemvConfig(), GemvConfig(n_blocks=4, k_slices=16, stages=3, min_blocks_per_sm=1),
                     GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1), GemvConfig(decode_variant="marlin"),
-                    GemvConfig(n_blocks=1, k_slices=8, stages=4)]
+                    GemvConfig(n_blocks=1, k_slices=8, stages=4), GemvConfig(operand_ring=True, stages=3)]
 
 
 def _rotate(*axes, rotated):

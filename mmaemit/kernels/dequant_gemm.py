@@ -12,7 +12,10 @@ ceil(m_max / 16) m16 tiles (two above 16 rows), and each decoded weight fragment
   b >= 4, one 8- / 4-byte ``cp.async.ca`` for b = 2 / 1) into a ``stages``-deep per-thread ring in shared memory
   (each thread reads back only the bytes it copied, so the ring needs no barrier);
 * activations: the K permutation makes a lane's A-fragment registers of a chunk 16 consecutive halfs of one row, so
-  two 16-byte loads per row fetch them (rows >= M are zero and never loaded);
+  two 16-byte loads per row fetch them (rows >= M are zero and never loaded); with ``operand_ring`` (default for
+  ``m_max`` <= 8) they are ``cp.async`` copies into the same per-thread ring as the weights, ``stages - 1`` chunks
+  ahead, and so are each group's scales (zeros); else ``ld.global`` one chunk ahead (scales: at the group's first
+  chunk);
 * decode (``mmaemit.dequant.decode``; magic-number / LUT / cvt fast path where one exists, else the exact reference
   converter) of the words straight into the mma B-fragment registers by the kernel layout's decode-slice rule (word w
   of a chunk gives registers [w R, (w + 1) R), R = 16 / b, of the chunk's 4 k16 steps x 4 registers; 8-bit: two
@@ -102,6 +105,11 @@ class GemvConfig:
     stages: int = 4      # depth of the per-thread cp.async weight ring (chunks in flight)
     min_blocks_per_sm: int = 2   # __launch_bounds__ minimum: 2 asks nvcc to fit two CTAs per SM in registers
     decode_variant: str = "shift"  # "marlin": two-mask int4 decode (fp16 only; 9 instead of 11 ops per 8 weights)
+    #: activations and scales (and zeros) ride the weights' cp.async ring, ``stages - 1`` chunks ahead, instead of
+    #: ``ld.global`` one chunk (activations) / zero chunks (scales) ahead of their use. None: on for ``m_max`` <= 8
+    #: (H100, 8192^2 int4 M=1: 15.2 against 17.6-18.9 us); with 16 rows the ring's activation slots double and cost
+    #: the second CTA per SM (M=16: 21.5 against 18.5 us)
+    operand_ring: bool | None = None
 
 
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
@@ -151,6 +159,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     GC = G // CHUNK                      # chunks per scale group
     ROWS = 1 if MMAX <= 8 else 2 * MT    # A rows a lane holds: g + 8 r (row r of tile r // 2, its half r % 2)
     MINB = config.min_blocks_per_sm
+    OR = MMAX <= 8 if config.operand_ring is None else bool(config.operand_ring)
     OUT_ITERS = (MMAX * BN + THREADS - 1) // THREADS
 
     # one word of 32/b codes -> 16/b f16x2 / bf16x2 B registers (mmaemit.dequant.decode), split over k16 steps by plan
@@ -177,6 +186,11 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     def body(A, W, S, Z, C, cta, warp, lane):
         pool = T.SMEMPool()
         Ring = pool.alloc((ST, NB, P, KS * 32, V), "uint32", align=128)   # [stage, block, piece, thread, word]
+        if OR:
+            # per thread and stage: its 16 activation halfs of each row it holds, its scale (zero) words per block
+            ARing = pool.alloc((ST, ROWS, KS * 32, 8), "uint32", align=128)
+            SRing = pool.alloc((ST, NB, KS * 32, 2), "uint32", align=128)
+            ZRing = pool.alloc((ST, NB, KS * 32, 2), "uint32", align=128) if not POST_SCALE else SRing
         pool.move_base_to(0)
         Part = pool.alloc((KS, MMAX, BN), "float32", align=128)           # partial sums (after the ring is drained)
         pool.commit()
@@ -199,7 +213,26 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
 
         @T.inline
         def issue_weights(j):
-            # chunk j of this warp's K slice -> ring stage j % ST (4 b bytes per lane and n16 block)
+            # chunk j of this warp's K slice -> ring stage j % ST (4 b bytes per lane and n16 block); with the
+            # operand ring also the chunk's activation rows < M and, at a group start, the group's scales (zeros)
+            if OR:
+                kc = T.meta_var(warp * CH + j)
+                for r in T.unroll(ROWS):
+                    if g + 8 * r < M:
+                        for half in T.unroll(2):
+                            T.ptx["cp.async.cg.shared.global"](ARing.ptr_to([j % ST, r, tid, 4 * half]),
+                                                               A.ptr_to([g + 8 * r, kc * CHUNK + 16 * c + 8 * half]),
+                                                               16)
+                if kc % GC == 0 or j == 0:
+                    for nb in T.unroll(NB):
+                        if POST_SCALE:
+                            T.ptx["cp.async.ca.shared.global"](SRing.ptr_to([j % ST, nb, tid, 0]),
+                                                               S.ptr_to([cta * NB + nb, kc // GC, c, 0]), 8)
+                        else:
+                            T.ptx["cp.async.ca.shared.global"](SRing.ptr_to([j % ST, nb, tid, 0]),
+                                                               S.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]), 8)
+                            T.ptx["cp.async.ca.shared.global"](ZRing.ptr_to([j % ST, nb, tid, 0]),
+                                                               Z.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]), 8)
             for nb in T.unroll(NB):
                 for p in T.unroll(P):
                     if V == 4:
@@ -237,7 +270,19 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 issue_weights(j + ST - 1)
             T.ptx["cp.async.commit_group"]()       # unconditional: keeps the group count uniform
             # a K slice may start or end inside a scale group: its share of the group is scaled on its own
-            if kc % GC == 0 or j == 0:             # first chunk of a group (in this slice): fetch its scales
+            if OR:                                 # this chunk's activations (rows < M; the rest stay 0)
+                for r in T.unroll(ROWS):
+                    if g + 8 * r < M:
+                        for half in T.unroll(2):
+                            T.ptx["ld.shared.v4.b32"](ab[buf, r, 4 * half], ab[buf, r, 4 * half + 1],
+                                                      ab[buf, r, 4 * half + 2], ab[buf, r, 4 * half + 3],
+                                                      ARing.ptr_to([j % ST, r, tid, 4 * half]))
+            if OR and (kc % GC == 0 or j == 0):    # first chunk of a group: its scales (zeros) from the ring
+                for nb in T.unroll(NB):
+                    T.ptx["ld.shared.v2.b32"](sreg[nb, 0], sreg[nb, 1], SRing.ptr_to([j % ST, nb, tid, 0]))
+                    if not POST_SCALE:
+                        T.ptx["ld.shared.v2.b32"](zreg[nb, 0], zreg[nb, 1], ZRing.ptr_to([j % ST, nb, tid, 0]))
+            elif kc % GC == 0 or j == 0:           # first chunk of a group (in this slice): fetch its scales
                 for nb in T.unroll(NB):
                     if POST_SCALE:                 # the accumulator columns 2c, 2c + 1 of both n8 halves
                         T.ptx["ld.global.nc.v2.b32"](sreg[nb, 0], sreg[nb, 1],
@@ -277,11 +322,13 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             if j < CH:
                 issue_weights(j)
             T.ptx["cp.async.commit_group"]()
-        load_a(0, 0)
+        if not OR:
+            load_a(0, 0)
         for jj in T.serial(CH // 2):
-            load_a(1, 2 * jj + 1)
+            if not OR:
+                load_a(1, 2 * jj + 1)
             compute(0, 2 * jj)
-            if 2 * jj + 2 < CH:
+            if not OR and 2 * jj + 2 < CH:
                 load_a(0, 2 * jj + 2)
             compute(1, 2 * jj + 1)
         T.ptx["cp.async.wait_group"](0)
