@@ -177,11 +177,12 @@ def test_tiled_every_bit_width_on_the_interpreter(fmt, mode, dtype):
 @pytest.mark.parametrize("fmt, copy, lds", [("int8", "LDGSTS.E.BYPASS.128", "LDS.128"),
                                             ("int2", "LDGSTS.E.64", "LDS.64"), ("int1", "LDGSTS.E", "LDS")])
 def test_gemv_sass_copies_b_bytes_per_lane_and_chunk(fmt, copy, lds):
-    """8-bit: two 16-byte cp.async.cg per lane, block and chunk; 2 / 1-bit: one 8- / 4-byte cp.async.ca; no spills."""
-    from mmaemit.kernels.dequant_gemm import make_dequant_gemv
+    """8-bit: two 16-byte cp.async.cg per lane, block and chunk; 2 / 1-bit: one 8- / 4-byte cp.async.ca; no spills
+    (weights only: without the operand ring, whose activation and scale copies would add 16- and 8-byte ones)."""
+    from mmaemit.kernels.dequant_gemm import GemvConfig, make_dequant_gemv
 
-    kernel = mmaemit.compile(make_dequant_gemv(1, 8192, 8192, 128, arch="sm_90a", weight_format=fmt)[0],
-                             target="sm_90a")
+    kernel = mmaemit.compile(make_dequant_gemv(1, 8192, 8192, 128, config=GemvConfig(operand_ring=False), arch="sm_90a",
+                                               weight_format=fmt)[0], target="sm_90a")
     hist = kernel.opcode_histogram("sm_90a")
     copies = {k: v for k, v in hist.items() if k.startswith("LDGSTS")}
     # 2 n16 blocks x (stages - 1) prologue chunks + 2 in the (2x unrolled) loop body = 10 copies of 16 / 8 / 4 bytes
