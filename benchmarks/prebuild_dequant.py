@@ -1,8 +1,8 @@
 """Compile the DequantGemm kernels of the GPU tests and benchmarks in parallel worker processes into the cubin cache
 (then run the tests / benchmarks with MMAEMIT_CUBIN_CACHE=1: they only load them).
 
-    MMAEMIT_CUBIN_CACHE=1 PYTHONPATH=. python3 benchmarks/prebuild_dequant.py [--tests] [--bench [--formats ...] [--zeros-mode M]]
-        [--mlp]
+    MMAEMIT_CUBIN_CACHE=1 PYTHONPATH=. python3 benchmarks/prebuild_dequant.py [--tests]
+        [--bench [--formats ...] [--zeros-mode M]] [--mlp]
 """
 import argparse
 import os
