@@ -94,20 +94,21 @@ def test_gemv_sass_streams_weights_with_16_byte_cp_async(ring):
                                                                                   8, 5),
     ("int2", None, torch.float16, 16, 9), ("int8", None, torch.float16, 8, 3), ("nf4", None, torch.bfloat16, 8, 8)])
 def test_gemv_operand_ring_is_bit_identical(fmt, zeros, dtype, m_max, M):
-    """Activations and scales (zeros) through the cp.async ring give the same bits as their ld.global loads."""
+    """Activations and scales (zeros) through the cp.async ring, or only the scales ("scales"), give the same bits as
+    their ld.global loads."""
     N, K = 64, 1024
     g = torch.Generator().manual_seed(len(fmt) + M)
     qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
     tensors, kw = kernel_arguments(qw)
     A = torch.randn(M, K, generator=g).to(dtype)
     outs = []
-    for ring in (False, True):
+    for ring in (False, True, "scales"):
         func, _ = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], arch="sm_90a", m_max=m_max, config=GemvConfig(
             n_blocks=2, k_slices=2, stages=3, operand_ring=ring), **kw)
         C = torch.full((M, N), float("nan"), dtype=dtype)
         assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
         outs.append(C)
-    assert not torch.isnan(outs[1]).any() and torch.equal(outs[0], outs[1])
+    assert not torch.isnan(outs[1]).any() and torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     ref = A.double() @ qw.dequantize().double().T
     assert ((outs[1].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
 
@@ -121,11 +122,14 @@ def test_gemv_rejects_bad_shapes():
         make_dequant_gemv(1, 200, 1024)
     with pytest.raises(TileShapeError, match="group_size"):
         make_dequant_gemv(1, 256, 4096, group_size=32)
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="operand_ring='weights'; valid: None, True, False"):
+        make_dequant_gemv(1, 256, 1024, config=GemvConfig(operand_ring="weights"))
 
 
 GEMV_GPU_CONFIGS = [GemvConfig(), GemvConfig(n_blocks=4, k_slices=16, stages=3, min_blocks_per_sm=1),
                     GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1), GemvConfig(decode_variant="marlin"),
-                    GemvConfig(n_blocks=1, k_slices=8, stages=4), GemvConfig(operand_ring=True, stages=3)]
+                    GemvConfig(n_blocks=1, k_slices=8, stages=4), GemvConfig(operand_ring=True, stages=3),
+                    GemvConfig(operand_ring="scales")]
 
 
 def _rotate(*axes, rotated):

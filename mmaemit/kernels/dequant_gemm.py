@@ -106,10 +106,10 @@ class GemvConfig:
     min_blocks_per_sm: int = 2   # __launch_bounds__ minimum: 2 asks nvcc to fit two CTAs per SM in registers
     decode_variant: str = "shift"  # "marlin": two-mask int4 decode (fp16 only; 9 instead of 11 ops per 8 weights)
     #: activations and scales (and zeros) ride the weights' cp.async ring, ``stages - 1`` chunks ahead, instead of
-    #: ``ld.global`` one chunk (activations) / zero chunks (scales) ahead of their use. None: on for ``m_max`` <= 8
-    #: (H100, 8192^2 int4 M=1: 15.2 against 17.6-18.9 us); with 16 rows the ring's activation slots double and cost
-    #: the second CTA per SM (M=16: 21.5 against 18.5 us)
-    operand_ring: bool | None = None
+    #: ``ld.global`` one chunk (activations) / zero chunks (scales) ahead of their use; "scales": only the scales
+    #: (zeros). None: on for ``m_max`` <= 8 (H100, 8192^2 int4 M=1: 15.2 against 17.6-18.9 us); with 16 rows the
+    #: ring's activation slots double and it lost (M=16: 21.5 against 18.5 us)
+    operand_ring: bool | str | None = None
 
 
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
@@ -159,7 +159,10 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     GC = G // CHUNK                      # chunks per scale group
     ROWS = 1 if MMAX <= 8 else 2 * MT    # A rows a lane holds: g + 8 r (row r of tile r // 2, its half r % 2)
     MINB = config.min_blocks_per_sm
-    OR = MMAX <= 8 if config.operand_ring is None else bool(config.operand_ring)
+    ring = MMAX <= 8 if config.operand_ring is None else config.operand_ring
+    if ring not in (True, False, "scales"):
+        raise UnsupportedConfigError(f"operand_ring={config.operand_ring!r}; valid: None, True, False, 'scales'")
+    ORA, ORS = ring is True, ring is not False        # activations / scales (zeros) through the ring
     OUT_ITERS = (MMAX * BN + THREADS - 1) // THREADS
 
     # one word of 32/b codes -> 16/b f16x2 / bf16x2 B registers (mmaemit.dequant.decode), split over k16 steps by plan
@@ -186,9 +189,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     def body(A, W, S, Z, C, cta, warp, lane):
         pool = T.SMEMPool()
         Ring = pool.alloc((ST, NB, P, KS * 32, V), "uint32", align=128)   # [stage, block, piece, thread, word]
-        if OR:
-            # per thread and stage: its 16 activation halfs of each row it holds, its scale (zero) words per block
+        if ORA:     # per thread and stage: its 16 activation halfs of each row it holds
             ARing = pool.alloc((ST, ROWS, KS * 32, 8), "uint32", align=128)
+        if ORS:     # ... and its scale (zero) words per block
             SRing = pool.alloc((ST, NB, KS * 32, 2), "uint32", align=128)
             ZRing = pool.alloc((ST, NB, KS * 32, 2), "uint32", align=128) if not POST_SCALE else SRing
         pool.move_base_to(0)
@@ -215,14 +218,15 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         def issue_weights(j):
             # chunk j of this warp's K slice -> ring stage j % ST (4 b bytes per lane and n16 block); with the
             # operand ring also the chunk's activation rows < M and, at a group start, the group's scales (zeros)
-            if OR:
-                kc = T.meta_var(warp * CH + j)
+            kc = T.meta_var(warp * CH + j)
+            if ORA:
                 for r in T.unroll(ROWS):
                     if g + 8 * r < M:
                         for half in T.unroll(2):
                             T.ptx["cp.async.cg.shared.global"](ARing.ptr_to([j % ST, r, tid, 4 * half]),
                                                                A.ptr_to([g + 8 * r, kc * CHUNK + 16 * c + 8 * half]),
                                                                16)
+            if ORS:
                 if kc % GC == 0 or j == 0:
                     for nb in T.unroll(NB):
                         if POST_SCALE:
@@ -270,14 +274,14 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 issue_weights(j + ST - 1)
             T.ptx["cp.async.commit_group"]()       # unconditional: keeps the group count uniform
             # a K slice may start or end inside a scale group: its share of the group is scaled on its own
-            if OR:                                 # this chunk's activations (rows < M; the rest stay 0)
+            if ORA:                                # this chunk's activations (rows < M; the rest stay 0)
                 for r in T.unroll(ROWS):
                     if g + 8 * r < M:
                         for half in T.unroll(2):
                             T.ptx["ld.shared.v4.b32"](ab[buf, r, 4 * half], ab[buf, r, 4 * half + 1],
                                                       ab[buf, r, 4 * half + 2], ab[buf, r, 4 * half + 3],
                                                       ARing.ptr_to([j % ST, r, tid, 4 * half]))
-            if OR and (kc % GC == 0 or j == 0):    # first chunk of a group: its scales (zeros) from the ring
+            if ORS and (kc % GC == 0 or j == 0):   # first chunk of a group: its scales (zeros) from the ring
                 for nb in T.unroll(NB):
                     T.ptx["ld.shared.v2.b32"](sreg[nb, 0], sreg[nb, 1], SRing.ptr_to([j % ST, nb, tid, 0]))
                     if not POST_SCALE:
@@ -322,13 +326,13 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             if j < CH:
                 issue_weights(j)
             T.ptx["cp.async.commit_group"]()
-        if not OR:
+        if not ORA:
             load_a(0, 0)
         for jj in T.serial(CH // 2):
-            if not OR:
+            if not ORA:
                 load_a(1, 2 * jj + 1)
             compute(0, 2 * jj)
-            if not OR and 2 * jj + 2 < CH:
+            if not ORA and 2 * jj + 2 < CH:
                 load_a(0, 2 * jj + 2)
             compute(1, 2 * jj + 1)
         T.ptx["cp.async.wait_group"](0)
