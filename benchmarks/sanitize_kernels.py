@@ -183,52 +183,42 @@ def dequant_hopper_fused():
     return bool(ok)
 
 
+def _fused_plan(weights, ms):
+    """Each (format, dtype, zeros mode) of ``weights`` through the DequantGemm plan at every M of ``ms`` (ragged M on
+    each path of the plan), against the float64 product."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    ok = True
+    for fmt, dtype, zm in weights:
+        tensors, kw, w = _int4_weights(512, 1024, fmt, dtype, zm)
+        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
+        for M in ms:
+            x = torch.randn(M, 1024, device="cuda").to(dtype)
+            ok &= _rel(dg(x, *tensors), x.double() @ w.T) < (3e-3 if dtype == torch.float16 else 1e-2)
+    return bool(ok)
+
+
 @case
 def dequant_hopper_fused_8_2_bit():
     """The fused Hopper kernel with 8-bit (bf16, split-magic decode: two bundle words per quad lane, 8-bit rings) and
     2-bit weights (bundles shifted into place after the transpose), each plan path of M <= 300 at a ragged M."""
-    from mmaemit.kernels.dequant_dispatch import DequantGemm
-
-    ok = True
-    for fmt, dtype in (("int8", torch.bfloat16), ("int2", torch.float16)):
-        tensors, kw, w = _int4_weights(512, 1024, fmt, dtype)
-        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
-        for M in (5, 13, 20, 40, 60, 90, 120, 150, 300):
-            x = torch.randn(M, 1024, device="cuda").to(dtype)
-            ok &= _rel(dg(x, *tensors), x.double() @ w.T) < (3e-3 if dtype == torch.float16 else 1e-2)
-    return bool(ok)
+    return _fused_plan((("int8", torch.bfloat16, None), ("int2", torch.float16, None)),
+                       (5, 13, 20, 40, 60, 90, 120, 150, 300))
 
 
 @case
 def dequant_hopper_fused_zero_points():
     """The fused Hopper kernel with zero points (asymmetric GPTQ / AWQ: uint4 with integer zero codes, fp16; uint4 with
     float zeros, bf16): a second ring box next to the scales, each plan path of M <= 300 at a ragged M."""
-    from mmaemit.kernels.dequant_dispatch import DequantGemm
-
-    ok = True
-    for zm, dtype in (("quantized", torch.float16), ("original", torch.bfloat16)):
-        tensors, kw, w = _int4_weights(512, 1024, "uint4", dtype, zm)
-        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
-        for M in (5, 13, 20, 40, 60, 90, 120, 150, 300):
-            x = torch.randn(M, 1024, device="cuda").to(dtype)
-            ok &= _rel(dg(x, *tensors), x.double() @ w.T) < (3e-3 if dtype == torch.float16 else 1e-2)
-    return bool(ok)
+    return _fused_plan((("uint4", torch.float16, "quantized"), ("uint4", torch.bfloat16, "original")),
+                       (5, 13, 20, 40, 60, 90, 120, 150, 300))
 
 
 @case
 def dequant_hopper_fused_nf4():
     """The fused Hopper kernel with nf4 weights (each row's scaled 16-value table built once per scale group, then
-    prmt lookups), fp16 and bf16, each plan path of M <= 300 at a ragged M."""
-    from mmaemit.kernels.dequant_dispatch import DequantGemm
-
-    ok = True
-    for dtype in (torch.float16, torch.bfloat16):
-        tensors, kw, w = _int4_weights(512, 1024, "nf4", dtype)
-        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
-        for M in (20, 40, 60, 90, 120, 150, 300):
-            x = torch.randn(M, 1024, device="cuda").to(dtype)
-            ok &= _rel(dg(x, *tensors), x.double() @ w.T) < (3e-3 if dtype == torch.float16 else 1e-2)
-    return bool(ok)
+    prmt lookups), fp16 and bf16, each fused path of the plan up to M = 300 at a ragged M."""
+    return _fused_plan((("nf4", torch.float16, None), ("nf4", torch.bfloat16, None)), (20, 40, 60, 90, 120, 150, 300))
 
 
 def main(argv=None) -> int:

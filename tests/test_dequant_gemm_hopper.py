@@ -255,15 +255,24 @@ def test_fused_hopper_other_formats_on_the_interpreter(fmt, dtype, cfg):
     ``quad_word_plan(bits)``, then the format's own decode program): symmetric GPTQ (int4_ob), nf4, fp4, 8-bit
     (two bundle words per quad lane), 2- and 1-bit (bundles shifted into place after the transpose); k_split with
     2 chunks per stage for some."""
-    g = torch.Generator().manual_seed(len(fmt))
-    qw = D.quantize(torch.randn(128, 512, generator=g).to(dtype), D.QuantScheme(fmt, group_size=128))
+    _fused_on_the_interpreter(D.QuantScheme(fmt, group_size=128), dtype, 512, cfg, len(fmt))
+
+
+def _fused_on_the_interpreter(scheme, dtype, k, cfg, seed):
+    """Random [128, k] weights of ``scheme`` through ``make_dequant_gemm_hopper`` (symbolic M, M=40; ``cfg`` or one
+    64-row consumer, 3 stages, 2 CTAs) on the interpreter: a NaN-poisoned output within the dtype's rounding of the
+    float64 product of ``dequantize()``."""
+    g = torch.Generator().manual_seed(seed)
+    qw = D.quantize(torch.randn(128, k, generator=g).to(dtype), scheme)
     tensors, kw = kernel_arguments(qw)
-    A = torch.randn(40, 512, generator=g).to(dtype)
+    assert kw["zeros_mode"] == scheme.zeros_mode and len(tensors) == (3 if scheme.zeros_mode else 2)
+    A = torch.randn(40, k, generator=g).to(dtype)
     ref = A.double() @ qw.dequantize().double().T
     config = HopperDequantConfig(**(cfg or dict(block_m=64, consumers=1, stages=3, num_sms=2)))
-    func, _ = make_dequant_gemm_hopper(None, 128, 512, dtype=str(dtype)[6:], config=config, **kw)
+    func, _ = make_dequant_gemm_hopper(None, 128, k, dtype=str(dtype)[6:], config=config, **kw)
     C = torch.full((40, 128), float("nan"), dtype=dtype)
     assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+    assert not torch.isnan(C).any()
     assert _rel(C, ref) < _tol(dtype)
 
 
@@ -277,17 +286,8 @@ def test_fused_hopper_nf4_tables_on_the_interpreter(dtype, group, cfg):
     (``emit_operands``) and looks the codes up per word: rebuilt at every group start of a stage (4 chunks of group
     128, group 64 = every chunk), every chunk where a group straddles stages (192 with 2-chunk stages), once per
     stage for a group per column. Exact: compared with the float64 product of ``dequantize()``."""
-    K2 = 768 if group == 192 else 512
-    g = torch.Generator().manual_seed(group + 3)
-    qw = D.quantize(torch.randn(128, K2, generator=g).to(dtype), D.QuantScheme("nf4", group_size=group))
-    tensors, kw = kernel_arguments(qw)
-    A = torch.randn(40, K2, generator=g).to(dtype)
-    ref = A.double() @ qw.dequantize().double().T
-    func, _ = make_dequant_gemm_hopper(None, 128, K2, dtype=str(dtype)[6:], config=HopperDequantConfig(**cfg), **kw)
-    C = torch.full((40, 128), float("nan"), dtype=dtype)
-    assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
-    assert not torch.isnan(C).any()
-    assert _rel(C, ref) < _tol(dtype)
+    _fused_on_the_interpreter(D.QuantScheme("nf4", group_size=group), dtype, 768 if group == 192 else 512, cfg,
+                              group + 3)
 
 
 @pytest.mark.parametrize("fmt, mode, dtype, group, cfg", [
@@ -298,18 +298,7 @@ def test_fused_hopper_nf4_tables_on_the_interpreter(dtype, group, cfg):
 def test_fused_hopper_zero_points_on_the_interpreter(fmt, mode, dtype, group, cfg):
     """Zero points (asymmetric GPTQ / AWQ: unsigned codes, every zeros mode) travel in the ring next to the scales
     (a second box of the same shape, int16 codes for "quantized") and reach the decode as pairs like the scales."""
-    g = torch.Generator().manual_seed(len(fmt) + len(mode))
-    qw = D.quantize(torch.randn(128, 512, generator=g).to(dtype), D.QuantScheme(fmt, group, mode))
-    tensors, kw = kernel_arguments(qw)
-    assert kw["zeros_mode"] == mode and len(tensors) == 3
-    A = torch.randn(40, 512, generator=g).to(dtype)
-    ref = A.double() @ qw.dequantize().double().T
-    config = HopperDequantConfig(**(cfg or dict(block_m=64, consumers=1, stages=3, num_sms=2)))
-    func, _ = make_dequant_gemm_hopper(None, 128, 512, dtype=str(dtype)[6:], config=config, **kw)
-    C = torch.full((40, 128), float("nan"), dtype=dtype)
-    assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
-    assert not torch.isnan(C).any()
-    assert _rel(C, ref) < _tol(dtype)
+    _fused_on_the_interpreter(D.QuantScheme(fmt, group, mode), dtype, 512, cfg, len(fmt) + len(mode))
 
 
 @pytest.mark.gpu
