@@ -213,6 +213,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         tid = T.meta_var(warp * 32 + lane)
         g = T.meta_var(lane // 4)
         c = T.meta_var(lane % 4)
+        # the lane's row of a group's 4 x 4 scales (zeros): the accumulator columns 2c, 2c + 1 of both n8 halves
+        # (scales on the fp32 partials), else the B-fragment columns g and 8 + g (decode-time scaling)
+        sc = T.meta_var(c if POST_SCALE else g // 2)
 
         @T.inline
         def issue_weights(j):
@@ -229,14 +232,11 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             if ORS:
                 if kc % GC == 0 or j == 0:
                     for nb in T.unroll(NB):
-                        if POST_SCALE:
-                            T.ptx["cp.async.ca.shared.global"](SRing.ptr_to([j % ST, nb, tid, 0]),
-                                                               S.ptr_to([cta * NB + nb, kc // GC, c, 0]), 8)
-                        else:
-                            T.ptx["cp.async.ca.shared.global"](SRing.ptr_to([j % ST, nb, tid, 0]),
-                                                               S.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]), 8)
+                        T.ptx["cp.async.ca.shared.global"](SRing.ptr_to([j % ST, nb, tid, 0]),
+                                                           S.ptr_to([cta * NB + nb, kc // GC, sc, 0]), 8)
+                        if not POST_SCALE:
                             T.ptx["cp.async.ca.shared.global"](ZRing.ptr_to([j % ST, nb, tid, 0]),
-                                                               Z.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]), 8)
+                                                               Z.ptr_to([cta * NB + nb, kc // GC, sc, 0]), 8)
             for nb in T.unroll(NB):
                 for p in T.unroll(P):
                     if V == 4:
@@ -281,21 +281,18 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                             T.ptx["ld.shared.v4.b32"](ab[buf, r, 4 * half], ab[buf, r, 4 * half + 1],
                                                       ab[buf, r, 4 * half + 2], ab[buf, r, 4 * half + 3],
                                                       ARing.ptr_to([j % ST, r, tid, 4 * half]))
-            if ORS and (kc % GC == 0 or j == 0):   # first chunk of a group: its scales (zeros) from the ring
+            if kc % GC == 0 or j == 0:             # first chunk of a group (in this slice): its scales (zeros)
                 for nb in T.unroll(NB):
-                    T.ptx["ld.shared.v2.b32"](sreg[nb, 0], sreg[nb, 1], SRing.ptr_to([j % ST, nb, tid, 0]))
-                    if not POST_SCALE:
-                        T.ptx["ld.shared.v2.b32"](zreg[nb, 0], zreg[nb, 1], ZRing.ptr_to([j % ST, nb, tid, 0]))
-            elif kc % GC == 0 or j == 0:           # first chunk of a group (in this slice): fetch its scales
-                for nb in T.unroll(NB):
-                    if POST_SCALE:                 # the accumulator columns 2c, 2c + 1 of both n8 halves
+                    if ORS:                        # from the ring
+                        T.ptx["ld.shared.v2.b32"](sreg[nb, 0], sreg[nb, 1], SRing.ptr_to([j % ST, nb, tid, 0]))
+                        if not POST_SCALE:
+                            T.ptx["ld.shared.v2.b32"](zreg[nb, 0], zreg[nb, 1], ZRing.ptr_to([j % ST, nb, tid, 0]))
+                    else:
                         T.ptx["ld.global.nc.v2.b32"](sreg[nb, 0], sreg[nb, 1],
-                                                     S.ptr_to([cta * NB + nb, kc // GC, c, 0]))
-                    else:                          # the B-fragment columns g and 8 + g (decode-time scaling)
-                        T.ptx["ld.global.nc.v2.b32"](sreg[nb, 0], sreg[nb, 1],
-                                                     S.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]))
-                        T.ptx["ld.global.nc.v2.b32"](zreg[nb, 0], zreg[nb, 1],
-                                                     Z.ptr_to([cta * NB + nb, kc // GC, g // 2, 0]))
+                                                     S.ptr_to([cta * NB + nb, kc // GC, sc, 0]))
+                        if not POST_SCALE:
+                            T.ptx["ld.global.nc.v2.b32"](zreg[nb, 0], zreg[nb, 1],
+                                                         Z.ptr_to([cta * NB + nb, kc // GC, sc, 0]))
             for s in T.unroll(4):
                 for r in T.unroll(ROWS):                # row g + 8 r: tile r // 2, fragment rows g / g + 8 (r % 2)
                     A_frag[r // 2, r % 2] = ab[buf, r, 2 * s]
