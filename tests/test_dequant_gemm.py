@@ -113,6 +113,47 @@ def test_gemv_operand_ring_is_bit_identical(fmt, zeros, dtype, m_max, M):
     assert ((outs[1].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
 
 
+@pytest.mark.parametrize("fmt, zeros, dtype, m_max, M", [
+    ("int4", None, torch.float16, 8, 1), ("nf4", None, torch.bfloat16, 16, 11), ("uint2", "rescale", torch.float16,
+                                                                                 8, 6),
+    ("int8", None, torch.bfloat16, 8, 8), ("int1", None, torch.float16, 32, 29), ("uint4", "quantized", torch.float16,
+                                                                                32, 17)])
+def test_gemv_weights_as_a_is_bit_identical(fmt, zeros, dtype, m_max, M):
+    """C^T = W A^T (the decoded weights as the mma's A operand, tokens as n8 tiles) gives the same bits as C = A W^T
+    (the weights as B, m16 tiles of activation rows), for every word width, post- and decode-time scaling."""
+    N, K = 64, 1024
+    g = torch.Generator().manual_seed(len(fmt) + M)
+    qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(M, K, generator=g).to(dtype)
+    outs = []
+    for as_a in (True, False):
+        func, em = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], arch="sm_90a", m_max=m_max, config=GemvConfig(
+            n_blocks=2, k_slices=2, stages=3, weights_as_a=as_a), **kw)
+        assert (em.warp_row_tiles, em.n_tile) == ((32, 8) if as_a else (16 * -(-m_max // 16), 16))
+        C = torch.full((M, N), float("nan"), dtype=dtype)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    assert not torch.isnan(outs[0]).any() and torch.equal(outs[0], outs[1])
+    ref = A.double() @ qw.dequantize().double().T
+    assert ((outs[0].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
+
+
+def test_gemv_weights_as_a_halves_the_mma_at_m8():
+    """At M <= 8 the weights-as-A GEMV issues one m16n8k16 per n16 block and k16 step where weights as B issue two
+    (one per n8 half, 16 activation rows of which 8 are real), and its loop moves no zero rows into A fragments."""
+    mixes = []
+    for as_a in (True, False):
+        func, _ = make_dequant_gemv(None, 4096, 4096, 128, config=GemvConfig(weights_as_a=as_a), arch="sm_90a",
+                                    m_max=8)
+        kernel = mmaemit.compile(func, target="sm_90a")
+        mixes.append(kernel.opcode_histogram("sm_90a"))
+        assert kernel.resource_usage("sm_90a").spill_bytes == 0
+    assert 2 * mixes[0]["HMMA.16816.F32"] == mixes[1]["HMMA.16816.F32"], mixes
+    moves = [sum(n for op, n in m.items() if op in ("MOV", "IMAD.MOV.U32")) for m in mixes]
+    assert moves[0] < moves[1] / 4, moves
+
+
 def test_gemv_rejects_bad_shapes():
     with pytest.raises(TileShapeError, match="1 <= M <= 32"):
         make_dequant_gemv(33, 256, 1024)
@@ -124,12 +165,14 @@ def test_gemv_rejects_bad_shapes():
         make_dequant_gemv(1, 256, 4096, group_size=32)
     with pytest.raises(mmaemit.UnsupportedConfigError, match="operand_ring='weights'; valid: None, True, False"):
         make_dequant_gemv(1, 256, 1024, config=GemvConfig(operand_ring="weights"))
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="weights_as_a='yes'; valid: True, False"):
+        make_dequant_gemv(1, 256, 1024, config=GemvConfig(weights_as_a="yes"))
 
 
 GEMV_GPU_CONFIGS = [GemvConfig(), GemvConfig(n_blocks=4, k_slices=16, stages=3, min_blocks_per_sm=1),
                     GemvConfig(n_blocks=8, k_slices=4, stages=2, min_blocks_per_sm=1), GemvConfig(decode_variant="marlin"),
                     GemvConfig(n_blocks=1, k_slices=8, stages=4), GemvConfig(operand_ring=True, stages=3),
-                    GemvConfig(operand_ring="scales")]
+                    GemvConfig(operand_ring="scales"), GemvConfig(weights_as_a=False)]
 
 
 def _rotate(*axes, rotated):
@@ -174,7 +217,8 @@ def test_tiled_path_on_the_interpreter(M, dtype, config):
 
 
 def test_dispatch_by_m_uses_one_layout():
-    assert make_dequant_gemm(16, 256, 2048)[1].block_m == 16
+    em = make_dequant_gemm(16, 256, 2048)[1]       # the GEMV: weights as A (n16 blocks), 16 tokens as two n8 tiles
+    assert (em.block_m, em.block_n, em.n_tile) == (32, 16, 8)
     assert make_dequant_gemm(17, 256, 2048, arch="sm_80")[1].block_m == 64     # 64 x 64 tiles up to M = 64
     assert make_dequant_gemm(65, 256, 2048, arch="sm_80")[1].block_m == 128
     with pytest.raises(TileShapeError, match="block_n"):

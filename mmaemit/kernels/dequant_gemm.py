@@ -5,8 +5,10 @@ Shapes: A [M, K], W [N, K] (packed), C [M, N].
 Weights: b-bit codes (b in 1, 2, 4, 8; every per-element format of ``WEIGHT_FORMATS``) with a per-(n, group) scale,
 packed once by :func:`mmaemit.dequant.kernel_layout.to_kernel_layout` (mma B-fragment order, a K permutation inside
 each 64-wide chunk, WPC = b words = 4 b bytes per lane per n16 block and chunk). Small-M path (M <= 32, ``m_max``)
-per CTA: ``k_slices`` warps each own a K slice of the same ``16 * n_blocks`` output columns; a warp holds
-ceil(m_max / 16) m16 tiles (two above 16 rows), and each decoded weight fragment feeds the mma of every tile.
+per CTA: ``k_slices`` warps each own a K slice of the same ``16 * n_blocks`` output columns. The decoded weights
+are the mma's A operand (``GemvConfig.weights_as_a``, C^T = W A^T: an n16 block of weight rows is an m16 tile) and a
+warp's ceil(m_max / 8) token rows g + 8 r are its n8 tiles, so each decoded weight fragment feeds one mma per 8
+tokens; with ``weights_as_a=False`` the weights are B and a warp holds ceil(m_max / 16) m16 tiles of activation rows.
 
 * weights: per lane, n16 block and 64-wide K chunk, 4 b bytes by ``cp.async`` (16-byte ``cp.async.cg`` pieces for
   b >= 4, one 8- / 4-byte ``cp.async.ca`` for b = 2 / 1) into a ``stages``-deep per-thread ring in shared memory
@@ -17,10 +19,11 @@ ceil(m_max / 16) m16 tiles (two above 16 rows), and each decoded weight fragment
   ahead, and so are each group's scales (zeros); else ``ld.global`` one chunk ahead (scales: at the group's first
   chunk);
 * decode (``mmaemit.dequant.decode``; magic-number / LUT / cvt fast path where one exists, else the exact reference
-  converter) of the words straight into the mma B-fragment registers by the kernel layout's decode-slice rule (word w
-  of a chunk gives registers [w R, (w + 1) R), R = 16 / b, of the chunk's 4 k16 steps x 4 registers; 8-bit: two
-  words per step, 2 / 1-bit: one word decoded at its first step, the later steps' registers kept in a small local
-  buffer); ``mma.sync m16n8k16`` through ``TensorCoreIntrinEmitter.mma`` accumulates the group's code-value products
+  converter) of the words straight into the weight fragment by the kernel layout's decode-slice rule (word w of a
+  chunk gives B-fragment registers [w R, (w + 1) R), R = 16 / b, of the chunk's 4 k16 steps x 4 registers; 8-bit:
+  two words per step, 2 / 1-bit: one word decoded at its first step, the later steps' registers kept in a small
+  local buffer; as A, B register r of a block is A register ``weight_a_registers(...)[r]``); ``mma.sync m16n8k16``
+  through ``TensorCoreIntrinEmitter.mma`` accumulates the group's code-value products
   in fp32 (exact products), and at the end of every group the fp32 partials are scaled,
   ``acc += s[n, group] * partial`` (one FFMA per accumulator per group instead of one HMUL2 per weight pair, and
   the scale is applied in fp32 instead of rounding every dequantized weight to fp16 / bf16);
@@ -36,13 +39,13 @@ from dataclasses import dataclass
 from mmaemit import TensorCoreIntrinEmitter
 from mmaemit.dequant.kernel_layout import CHUNK, words_per_chunk
 from mmaemit.dtypes import canonical
-from mmaemit.emitters.builder import only_if
+from mmaemit.emitters.builder import only_if, store
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import (WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_MODES, check_scheme,  # noqa: F401
                                            grid_kernel, kernel_decode_program, pair_of_column, symbolic_m)
 
 
-#: largest M of the small-M path (m16 tiles per warp: ceil(m_max / 16), each decoded weight fragment feeds all of them)
+#: largest M of the small-M path (n8 token tiles per warp: ceil(m_max / 8), each decoded weight fragment feeds all)
 GEMV_M_LIMIT = 32
 
 
@@ -110,6 +113,40 @@ class GemvConfig:
     #: (zeros). None: on for ``m_max`` <= 8 (H100, 8192^2 int4 M=1: 15.2 against 17.6-18.9 us); with 16 rows the
     #: ring's activation slots double and it lost (M=16: 21.5 against 18.5 us)
     operand_ring: bool | str | None = None
+    #: the decoded weights are the mma's A operand (C^T = W A^T: an n16 block of weight rows is the m16 tile, 8
+    #: tokens an n8 tile), so at M <= 8 one ``mma.sync m16n8k16`` per n16 block and k16 step does what two did with
+    #: the weights as B (16 activation rows, M of them real), and no zero rows are moved into A fragments (H100,
+    #: 8192^2 M=1: int4 14.8 against 15.5-17.8 us, int2 11.5-11.8 against 13.9, M=16 int4 17.2 against 18.9-19.4).
+    #: False: the weights as B (C = A W^T, m16 tiles of activation rows)
+    weights_as_a: bool = True
+
+
+def weight_a_registers(instr):
+    """[PERM[r] for r in 0..3]: the A-fragment register of ``instr`` (an m16n8k16 mma) that holds what the kernel
+    layout's B-fragment register r of an n16 block holds (n8 half r // 2, B register r % 2), for every lane, with
+    the block's 16 weight rows as A's m. Derived from ``mma_fragment``; raises if no such permutation exists."""
+    from mmaemit.layouts.fragment import mma_fragment
+
+    a, b = mma_fragment(instr, "A"), mma_fragment(instr, "B")
+    if a.regs != 4 or b.regs != 2 or a.elems_per_reg != b.elems_per_reg:
+        raise UnsupportedConfigError(f"weights as A need an m16n8k16 mma with 4 A / 2 B registers, not {instr}")
+
+    def held(frag, reg, swap_n):
+        out = []
+        for lane in range(32):
+            for e in range(frag.elems_per_reg):
+                x, y = frag.forward(lane, reg % frag.regs if swap_n else reg, e)
+                out.append((y + 8 * (reg // 2), x) if swap_n else (x, y))     # (weight row, k)
+        return out
+
+    perm = []
+    for r in range(4):
+        want = held(b, r, True)
+        hits = [ra for ra in range(4) if held(a, ra, False) == want]
+        if len(hits) != 1:
+            raise AssertionError(f"B-fragment register {r} of an n16 block has no A-fragment twin in {instr}")
+        perm.append(hits[0])
+    return perm
 
 
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
@@ -127,6 +164,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     1 <= M <= ``m_max`` (default 16, at most 32 = ``GEMV_M_LIMIT``; rows >= M are never read or written). Above 16
     rows each lane holds 4 activation rows per chunk: ``GemvConfig(n_blocks=1)`` keeps every format within 128
     registers (int4 with ``n_blocks=2``, ``min_blocks_per_sm=1``: 170; ``kernel.resource_usage()`` shows spills).
+    Returns ``(gemv, em)``: ``em`` the mma emitter used (with ``weights_as_a`` its m16 tiles are the n16 blocks).
     """
     from tvm.script import tirx as T
 
@@ -153,11 +191,24 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         raise TileShapeError(f"group_size={group_size} must divide K and be a multiple of {CHUNK}")
     CH = K // CHUNK // KS
     MT = -(-MMAX // 16)                  # m16 tiles per warp: each decoded B fragment feeds MT mma
-    em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1, block_col_warps=1,
-                                 warp_row_tiles=16 * MT, warp_col_tiles=BN, chunk=16, n_tile=16, arch=arch)
+    SWAP = config.weights_as_a
+    if SWAP not in (True, False):
+        raise UnsupportedConfigError(f"weights_as_a={config.weights_as_a!r}; valid: True, False")
+    if SWAP:    # C^T = W A^T: the warp's n16 blocks are the m16 tiles, its token rows g + 8 r the n8 tiles
+        em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1,
+                                     block_col_warps=1, warp_row_tiles=BN, warp_col_tiles=8 * -(-MMAX // 8),
+                                     chunk=16, n_tile=8, arch=arch)
+        WPERM = weight_a_registers(em.instruction)
+    else:
+        em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1,
+                                     block_col_warps=1, warp_row_tiles=16 * MT, warp_col_tiles=BN, chunk=16,
+                                     n_tile=16, arch=arch)
+        WPERM = [0, 1, 2, 3]
     THREADS = 32 * KS
     GC = G // CHUNK                      # chunks per scale group
-    ROWS = 1 if MMAX <= 8 else 2 * MT    # A rows a lane holds: g + 8 r (row r of tile r // 2, its half r % 2)
+    # activation rows a lane holds: g + 8 r (weights as B: row r of m16 tile r // 2, its half r % 2; weights as A:
+    # the B fragment of n8 token tile r)
+    ROWS = -(-MMAX // 8) if SWAP else (1 if MMAX <= 8 else 2 * MT)
     MINB = config.min_blocks_per_sm
     ring = MMAX <= 8 if config.operand_ring is None else config.operand_ring
     if ring not in (True, False, "scales"):
@@ -170,20 +221,27 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     program = kernel_decode_program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch, config.decode_variant)
     ZD = dtype if z_kind == "act" else z_kind
 
-    def decode_step(s, nb, wb, B_frag, stash, sreg, zreg, g):
-        # appends the ops of the words step s starts (n16 block nb); returns nothing to the parser
+    def decode_step(s, nb, wb, WF, stash, sreg, zreg, g):
+        # appends the ops of the words step s starts (n16 block nb) into the weight fragment WF (B, or A with
+        # weights_as_a: the kernel layout's B register r is WF register WPERM[r]); returns nothing to the parser
         def pair(h):
             if POST_SCALE:
                 return None, None
             return pair_of_column(sreg[nb, 0], sreg[nb, 1], g, h), pair_of_column(zreg[nb, 0], zreg[nb, 1], g, h)
-        plan.decode_step(program, s, lambda w: wb[nb, w], lambda r: B_frag[nb, r], lambda i: stash[nb, i], pair)
+        plan.decode_step(program, s, lambda w: wb[nb, w], lambda r: WF[nb, WPERM[r]], lambda i: stash[nb, i], pair)
+
+    def from_stash(s, nb, WF, stash):
+        # a step that starts no word (2 / 1-bit): its four registers from the words' stash
+        for r in range(4):
+            store(WF, stash[nb, plan.from_stash(s, r)], (nb, WPERM[r]))
 
     def stash_buffer():
         # the later steps' registers of 2 / 1-bit words; none for 8 / 4-bit (each step decodes its own words)
         return T.alloc_local((NB, plan.stash), "uint32") if plan.stash else None
 
     def scale_to_f32(word, e):
-        return T.Cast("float32", T.reinterpret(dtype, T.Cast("uint16", (word >> T.uint32(16 * e)) & T.uint32(0xFFFF))))
+        return T.Cast("float32", T.reinterpret(dtype, T.Cast("uint16", (word >> T.Cast("uint32", 16 * e))
+                                                             & T.uint32(0xFFFF))))
 
     @T.inline
     def body(A, W, S, Z, C, cta, warp, lane):
@@ -198,7 +256,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         Part = pool.alloc((KS, MMAX, BN), "float32", align=128)           # partial sums (after the ring is drained)
         pool.commit()
         A_frag, B_frag, C_frag = em.alloc_fragments()
-        P_frag = T.alloc_local((MT, NB, em.local_size_c), "float32")   # this group's unscaled partial sums
+        WF = T.meta_var(A_frag if SWAP else B_frag)     # the decoded weights' fragment
+        P_frag = T.alloc_local((em.warp_rows, em.warp_cols, em.local_size_c), "float32")   # unscaled group sums
         em.fill_accumulators(C_frag)
         em.fill_accumulators(P_frag)
         wb = T.alloc_local((NB, WPC), "uint32")
@@ -208,14 +267,16 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         zreg = T.alloc_local((NB, 2), "uint32")
         for q in T.unroll(16 * ROWS):
             ab[q // (8 * ROWS), q // 8 % ROWS, q % 8] = T.uint32(0)
-        for q in T.unroll(4 * MT):
-            A_frag[q // 4, q % 4] = T.uint32(0)
+        if not SWAP:                               # rows >= 8 of an m16 tile at M <= 8 stay 0
+            for q in T.unroll(4 * MT):
+                A_frag[q // 4, q % 4] = T.uint32(0)
         tid = T.meta_var(warp * 32 + lane)
         g = T.meta_var(lane // 4)
         c = T.meta_var(lane % 4)
         # the lane's row of a group's 4 x 4 scales (zeros): the accumulator columns 2c, 2c + 1 of both n8 halves
-        # (scales on the fp32 partials), else the B-fragment columns g and 8 + g (decode-time scaling)
-        sc = T.meta_var(c if POST_SCALE else g // 2)
+        # (scales on the fp32 partials with weights as B), else the weight rows g and 8 + g (decode-time scaling, or
+        # the partials' rows with weights as A)
+        sc = T.meta_var(c if POST_SCALE and not SWAP else g // 2)
 
         @T.inline
         def issue_weights(j):
@@ -294,30 +355,42 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                             T.ptx["ld.global.nc.v2.b32"](zreg[nb, 0], zreg[nb, 1],
                                                          Z.ptr_to([cta * NB + nb, kc // GC, sc, 0]))
             for s in T.unroll(4):
-                for r in T.unroll(ROWS):                # row g + 8 r: tile r // 2, fragment rows g / g + 8 (r % 2)
-                    A_frag[r // 2, r % 2] = ab[buf, r, 2 * s]
-                    A_frag[r // 2, 2 + r % 2] = ab[buf, r, 2 * s + 1]
+                for r in T.unroll(ROWS):
+                    if SWAP:                       # row g + 8 r: the B fragment of token tile r
+                        B_frag[r, 0] = ab[buf, r, 2 * s]
+                        B_frag[r, 1] = ab[buf, r, 2 * s + 1]
+                    else:                          # row g + 8 r: tile r // 2, fragment rows g / g + 8 (r % 2)
+                        A_frag[r // 2, r % 2] = ab[buf, r, 2 * s]
+                        A_frag[r // 2, 2 + r % 2] = ab[buf, r, 2 * s + 1]
                 for nb in T.unroll(NB):
                     if STASHED:                    # 2 / 1-bit: a word spans 2 / 4 steps
                         if s % plan.steps_per_word == 0:
-                            decode_step(s, nb, wb, B_frag, stash, sreg, zreg, g)
+                            decode_step(s, nb, wb, WF, stash, sreg, zreg, g)
                         else:
-                            for r in T.unroll(4):
-                                B_frag[nb, r] = stash[nb, plan.from_stash(s, r)]
+                            from_stash(s, nb, WF, stash)
                     else:
-                        decode_step(s, nb, wb, B_frag, stash, sreg, zreg, g)
+                        decode_step(s, nb, wb, WF, stash, sreg, zreg, g)
                 if POST_SCALE:
                     em.mma(A_frag, B_frag, P_frag)
                 else:
                     em.mma(A_frag, B_frag, C_frag)
             if POST_SCALE and (kc % GC == GC - 1 or j == CH - 1):   # group end in this slice: acc += s * partial
-                for mt in T.unroll(MT):
+                if SWAP:                           # accumulator rows g, g + 8: weight rows of n8 half h = row // 8
                     for nb in T.unroll(NB):
-                        for q in T.unroll(em.local_size_c):
-                            e = T.meta_var(em.c_layout.forward(lane, q % 4, 0)[1] % 2)
-                            C_frag[mt, nb, q] = (C_frag[mt, nb, q]
-                                                 + scale_to_f32(sreg[nb, q // 4], e) * P_frag[mt, nb, q])
-                            P_frag[mt, nb, q] = T.float32(0)
+                        for r in T.unroll(ROWS):
+                            for q in T.unroll(em.local_size_c):
+                                h = T.meta_var(em.c_layout.forward(0, q, 0)[0] // 8)
+                                C_frag[nb, r, q] = (C_frag[nb, r, q]
+                                                    + scale_to_f32(sreg[nb, h], g % 2) * P_frag[nb, r, q])
+                                P_frag[nb, r, q] = T.float32(0)
+                else:
+                    for mt in T.unroll(MT):
+                        for nb in T.unroll(NB):
+                            for q in T.unroll(em.local_size_c):
+                                e = T.meta_var(em.c_layout.forward(lane, q % 4, 0)[1] % 2)
+                                C_frag[mt, nb, q] = (C_frag[mt, nb, q]
+                                                     + scale_to_f32(sreg[nb, q // 4], e) * P_frag[mt, nb, q])
+                                P_frag[mt, nb, q] = T.float32(0)
 
         for j in T.unroll(ST - 1):
             if j < CH:
@@ -334,12 +407,20 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             compute(1, 2 * jj + 1)
         T.ptx["cp.async.wait_group"](0)
         T.cuda.cta_sync()                          # the ring is drained everywhere before Part overwrites it
-        for mt in T.unroll(MT):
-            for j in T.unroll(em.warp_cols):
-                for r in T.unroll(em.local_size_c):
-                    rc = T.meta_var(em.c_layout.forward(lane, r % 4, 0))
-                    if 16 * mt + rc[0] < M:
-                        Part[warp, 16 * mt + rc[0], j * 16 + r // 4 * 8 + rc[1]] = C_frag[mt, j, r]
+        if SWAP:                                   # accumulator (weight row, token)
+            for nb in T.unroll(NB):
+                for r in T.unroll(ROWS):
+                    for q in T.unroll(em.local_size_c):
+                        rc = T.meta_var(em.c_layout.forward(lane, q, 0))
+                        if 8 * r + rc[1] < M:
+                            Part[warp, 8 * r + rc[1], nb * 16 + rc[0]] = C_frag[nb, r, q]
+        else:
+            for mt in T.unroll(MT):
+                for j in T.unroll(em.warp_cols):
+                    for r in T.unroll(em.local_size_c):
+                        rc = T.meta_var(em.c_layout.forward(lane, r % 4, 0))
+                        if 16 * mt + rc[0] < M:
+                            Part[warp, 16 * mt + rc[0], j * 16 + r // 4 * 8 + rc[1]] = C_frag[mt, j, r]
         T.cuda.cta_sync()
         for t in T.unroll(OUT_ITERS):
             o = T.meta_var(tid + t * THREADS)
