@@ -39,13 +39,16 @@ def test_kernel_layout_round_trip_and_permutation():
         assert sorted(perm[ks].tolist()) == list(range(16 * c, 16 * c + 16))
 
 
-@pytest.mark.parametrize("M, group, dtype", [(1, 128, torch.float16), (5, 64, torch.float16),
-                                            (16, -1, torch.float16), (3, 128, torch.bfloat16)])
-def test_gemv_on_the_interpreter(M, group, dtype):
-    N, K = 128, 512
+@pytest.mark.parametrize("M, group, dtype, K, stages, ring", [
+    (1, 128, torch.float16, 512, 3, None), (5, 64, torch.float16, 512, 3, None), (16, -1, torch.float16, 512, 3, None),
+    (3, 128, torch.bfloat16, 512, 3, None),
+    # at M <= 8 the main loop takes lcm(2, stages) chunks per iteration where the slice allows (12 chunks: 6 or 4)
+    (2, 128, torch.float16, 1536, 3, None), (7, 64, torch.bfloat16, 1536, 4, False)])
+def test_gemv_on_the_interpreter(M, group, dtype, K, stages, ring):
+    N = 128
     (A, Wk, S), ref = _problem(M, N, K, group, dtype=dtype)
-    func, _ = make_dequant_gemv(M, N, K, group, dtype=str(dtype)[6:],
-                                config=GemvConfig(n_blocks=2, k_slices=2, stages=3), arch="sm_90a")
+    func, _ = make_dequant_gemv(M, N, K, group, dtype=str(dtype)[6:], config=GemvConfig(
+        n_blocks=2, k_slices=2, stages=stages, operand_ring=ring), arch="sm_90a")
     C = torch.full((M, N), float("nan"), dtype=dtype)
     report = mmaemit.interpret(func, A, Wk, S, C, arch="sm_90a")
     assert report.ok
