@@ -1,7 +1,9 @@
 """Llama-3-8B-shaped blocks with int4 g128 QuantLinear vs the fp16 modules, same run (needs a GPU).
 
 MLP: gate / up 4096 -> 14336, SiLU gating, down 14336 -> 4096. Attention projections: q / o 4096 -> 4096,
-k / v 4096 -> 1024 (GQA, 8 KV heads). ``mlp_merged`` / ``attn_merged``: the same weights with gate / up and q / k / v
+k / v 4096 -> 1024 (GQA, 8 KV heads). ``mlp_gated``: the quantized MLP with gate / up as one ``QuantGatedLinear``
+(one GEMM, SiLU gating in the GEMV's epilogue at M <= 16) against the same fp16 ``mlp`` module. ``mlp_merged`` /
+``attn_merged``: the same weights with gate / up and q / k / v
 stacked into one layer on both sides (``QuantLinear`` of the stacked fp16 weight, equal to ``QuantLinear.concat`` of
 the parts: per-row quantization; the fp16 side one ``nn.Linear``), as serving stacks deploy them. Random weights
 (std 0.02), quantized round-to-nearest int4 with group 128 (``QuantLinear.from_linear``). Correctness first, at every
@@ -25,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mmaemit.bench.report import environment, header_lines  # noqa: E402
 import mmaemit.nn as mmaemit_nn  # noqa: E402
-from mmaemit.nn import QuantLinear  # noqa: E402
+from mmaemit.kernels.gated import gate_torch, split_gated  # noqa: E402
+from mmaemit.nn import QuantGatedLinear, QuantLinear  # noqa: E402
 from mmaemit.runtime.timing import median_time  # noqa: E402
 
 HIDDEN, INTER, KV = 4096, 14336, 1024
@@ -68,6 +71,27 @@ class MLPMerged(torch.nn.Module):
         return self.down(F.silu(g) * u)
 
 
+class MLPGated(torch.nn.Module):
+    """The quantized side of ``mlp_gated``: gate / up as one ``QuantGatedLinear`` (one GEMM over the interleaved
+    weights, SiLU gating in the GEMV's epilogue at M <= 16), then down; its fp16 peer is the plain ``mlp`` module."""
+
+    def __init__(self, gate_up, down):
+        super().__init__()
+        self.gate_up, self.down = gate_up, down
+
+    def forward(self, x):
+        return self.down(self.gate_up(x))
+
+
+class _GatedTwin(torch.nn.Module):
+    def __init__(self, lin):
+        super().__init__()
+        self.lin = lin
+
+    def forward(self, x):
+        return gate_torch("silu", *split_gated(self.lin(x)))
+
+
 class AttnMerged(torch.nn.Module):
     def __init__(self, qkv, o):
         super().__init__()
@@ -87,14 +111,16 @@ def stacked(*lins):
     return lin
 
 
-def exact_twin(block, dtype):
-    """The same block with every QuantLinear replaced by an fp32 nn.Linear on its exactly dequantized weights."""
+def exact_twin(block, dtype, device="cuda"):
+    """The same block with every QuantLinear replaced by an fp32 nn.Linear on its exactly dequantized weights (a
+    QuantGatedLinear by that of its interleaved weight, then the float32 gate)."""
     mods = {}
     for name, m in block.named_children():
-        lin = torch.nn.Linear(m.in_features, m.out_features, bias=False, device="cuda", dtype=torch.float32)
+        w = m.dequantized_weight().to(device)
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=device, dtype=torch.float32)
         with torch.no_grad():
-            lin.weight.copy_(m.dequantized_weight().cuda())
-        mods[name] = lin
+            lin.weight.copy_(w)
+        mods[name] = _GatedTwin(lin) if isinstance(m, QuantGatedLinear) else lin
     return type(block)(**mods)
 
 
@@ -126,7 +152,7 @@ def main(argv=None):
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 16, 64, 256, 2048])
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--blocks", nargs="+", default=["mlp", "attn"],
-                    choices=["mlp", "attn", "mlp_merged", "attn_merged"])
+                    choices=["mlp", "attn", "mlp_merged", "attn_merged", "mlp_gated"])
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -147,10 +173,14 @@ def main(argv=None):
               "|---|---|---|---|---|---|---|"]
     failed = False
     for name in args.blocks:
-        block = fp[name]
+        block = fp["mlp" if name == "mlp_gated" else name]
         t0 = time.time()
-        q = type(block)(**{n: QuantLinear.from_linear(m, "int4", group_size=128)
-                           for n, m in block.named_children()})
+        if name == "mlp_gated":
+            q = MLPGated(QuantGatedLinear.from_linears(block.gate, block.up, "int4", group_size=128),
+                         QuantLinear.from_linear(block.down, "int4", group_size=128))
+        else:
+            q = type(block)(**{n: QuantLinear.from_linear(m, "int4", group_size=128)
+                               for n, m in block.named_children()})
         twin = exact_twin(q, dtype)
         print(f"{name}: quantized and repacked in {time.time() - t0:.1f} s", flush=True)
         print(f"{name}: every M path of every layer shape compiled in {mmaemit_nn.warmup(q):.1f} s "

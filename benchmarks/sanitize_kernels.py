@@ -221,6 +221,25 @@ def dequant_hopper_fused_nf4():
     return _fused_plan((("nf4", torch.float16, None), ("nf4", torch.bfloat16, None)), (20, 40, 60, 90, 120, 150, 300))
 
 
+@case
+def dequant_gated():
+    """The gated (SwiGLU) dequant GEMM: gemv8 / gemv16 with the gate in their epilogue, gemv32 and a fused path
+    gating the full product with torch, fp16 and bf16 (gelu_tanh), against the float64 reference."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+    from mmaemit.kernels.gated import gate_torch, interleave_gated
+
+    ok = True
+    for dtype, act in ((torch.float16, "silu"), (torch.bfloat16, "gelu_tanh")):
+        (tg, kw, wg), (tu, _, wu) = _int4_weights(256, 1024, "int4", dtype), _int4_weights(256, 1024, "int4", dtype)
+        tensors = [interleave_gated(a, b) for a, b in zip(tg, tu)]
+        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", gated=act, **kw)
+        for M in (1, 5, 13, 20, 40):
+            x = torch.randn(M, 1024, device="cuda").to(dtype)
+            ref = gate_torch(act, x.double() @ wg.T, x.double() @ wu.T).double()
+            ok &= _rel(dg(x, *tensors), ref) < (3e-3 if dtype == torch.float16 else 1e-2)
+    return bool(ok)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--list" in argv:

@@ -26,6 +26,23 @@ def test_merged_mlp_equals_the_separate_mlp():
     assert torch.equal(stacked.dequantized_weight(), merged.gate_up.dequantized_weight())
 
 
+def test_gated_mlp_and_its_exact_twin_match_the_separate_mlp():
+    """``mlp_gated``'s quantized block (QuantGatedLinear + down) computes the separate MLP (down(silu(g) * u), the
+    gate in float32 instead of after rounding g and u: within 2e-3), and ``exact_twin`` handles its gated layer."""
+    from mmaemit.nn import QuantGatedLinear
+
+    torch.manual_seed(0)
+    lins = [torch.nn.Linear(k, n, bias=False).half() for k, n in ((256, 128), (256, 128), (128, 256))]
+    gate, up, down = (QuantLinear.from_linear(m, "int4") for m in lins)
+    sep = bench_mlp.MLP(gate, up, down)
+    gated = bench_mlp.MLPGated(QuantGatedLinear.from_layers(gate, up), down)
+    x = torch.randn(5, 256).half()
+    y, r = gated(x).double(), sep(x).double()
+    assert ((y - r).norm() / r.norm()).item() < 2e-3
+    twin = bench_mlp.exact_twin(gated, torch.float16, device="cpu")
+    assert ((y - twin(x.float()).double()).norm() / r.norm()).item() < 2e-3
+
+
 def test_wgmma_rs_rate_kernel_on_the_interpreter():
     """The RS wgmma rate kernel (fence, 4 RS wgmmas, commit, wait_group 1 per chunk; A and B all ones) on 2 CTAs of
     2 warpgroups, 3 chunks: no fault, and every stored sum is 64 products per chunk x 3 chunks."""

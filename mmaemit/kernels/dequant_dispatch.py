@@ -74,6 +74,7 @@ from .dequant_gemm_hopper import (HOPPER_FUSED_FORMATS, HopperDequantConfig, fus
                                   make_dequant_gemm_hopper)
 from .dequant_gemm_wgmma import WgmmaConfig, make_dequant_gemm_wgmma
 from .dequant_parts import check_scheme
+from .gated import check_gate, gate_into
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
@@ -162,11 +163,14 @@ class DequantGemm:
     serve, None uses the fused paths wherever they fit, True insists on them (``UnsupportedConfigError`` naming the
     reason where none fits). ``configs``: per-path config overrides, keys from :data:`PATHS`, :data:`FUSED_PATHS`,
     :data:`EXTRA_PATHS` plus ``"hopper"`` / ``"hopper_mid"`` (the GEMMs of the dense paths; ``"dense"`` configures
-    their dequant kernel). ``interpret``: run on the CPU interpreter.
+    their dequant kernel). ``interpret``: run on the CPU interpreter. ``gated`` ("silu" / "gelu_tanh",
+    :mod:`mmaemit.kernels.gated`): W holds a gate and an up weight interleaved by 16 rows (``interleave_gated``), and
+    a call returns act(gate) * up, [M, N / 2]: the GEMVs gate in their epilogue (:meth:`gates_in_kernel`, float32,
+    one rounding), the other paths gate their [M, N] output with torch (``gate_into``: as an unfused module).
     """
 
     def __init__(self, N, K, group_size=128, dtype="float16", weight_format="int4", zeros_mode=None, arch=None, *,
-                 large_m=None, wide_m=None, dense_m=None, fused=None, configs=None, interpret=None):
+                 large_m=None, wide_m=None, dense_m=None, fused=None, configs=None, interpret=None, gated=None):
         from mmaemit.arch import as_arch, device_arch
         from mmaemit.errors import ArchError
 
@@ -187,6 +191,11 @@ class DequantGemm:
             raise TileShapeError(f"group_size={group_size} must divide K={K} and be a multiple of 64 (or -1)")
         self.bits, _ = check_scheme(weight_format, zeros_mode)
         self.weight_format, self.zeros_mode = weight_format, zeros_mode
+        self.gated = check_gate(gated)
+        if self.gated and self.N % 32:
+            raise TileShapeError(f"gated={gated!r}: N={N} rows must be 16-row gate / up block pairs (a multiple of 32)")
+        #: output columns: N, or N / 2 gated
+        self.n_out = self.N // 2 if self.gated else self.N
         extra = ("hopper", "hopper_mid") + FUSED_PATHS + EXTRA_PATHS
         unknown = set(configs or {}) - set(PATHS) - set(extra)
         if unknown:
@@ -205,7 +214,7 @@ class DequantGemm:
         self.use_fused = fused
         self._spec = dict(N=self.N, K=self.K, group_size=group_size, dtype=self.dtype, weight_format=weight_format,
                           zeros_mode=zeros_mode, arch=self.arch, large_m=large_m, wide_m=wide_m, dense_m=dense_m,
-                          fused=fused, configs=dict(configs or {}), interpret=self.interpret)
+                          fused=fused, configs=dict(configs or {}), interpret=self.interpret, gated=self.gated)
         self.ranges = self._plan()
         self._funcs: dict = {}
         self._kernels: dict = {}
@@ -313,7 +322,8 @@ class DequantGemm:
         N, K, G, dt, arch = self.N, self.K, self.group_size, self.dtype, self.arch
         cfg = self.configs.get(path)
         if path.startswith("gemv"):
-            return (make_dequant_gemv(None, N, K, G, dt, cfg, arch, m_max=int(path[4:]), **kw)[0],)
+            return (make_dequant_gemv(None, N, K, G, dt, cfg, arch, m_max=int(path[4:]),
+                                      gated=self.gated if self.gates_in_kernel(path) else None, **kw)[0],)
         if path.startswith("tiled"):
             return (make_dequant_gemm_tiled(None, N, K, G, dt, cfg, arch, **kw)[0],)
         if path == "wgmma":
@@ -324,6 +334,11 @@ class DequantGemm:
             return (make_dequant_to_dense(N, K, G, dt, self.configs["dense"], arch, **kw),)
         hcfg = self.configs["hopper" if path == "dense" else "hopper_mid"]
         return self.funcs("dequant")[0], make_gemm_hopper(None, N, K, dt, config=hcfg, arch=arch)[0]
+
+    def gates_in_kernel(self, path) -> bool:
+        """Whether ``path`` applies the gate in its epilogue (with ``gated``: the GEMVs with an even ``n_blocks``);
+        other paths write the full [M, N] product to a scratch and gate it with torch (``gate_into``)."""
+        return bool(self.gated) and path.startswith("gemv") and self.configs[path].n_blocks % 2 == 0
 
     def funcs(self, path):
         """The PrimFunc(s) of a path (built once)."""
@@ -357,7 +372,8 @@ class DequantGemm:
 
     # ------------------------------------------------------------------------------------------------ calling
     def __call__(self, A, W, S, Z=None, out=None):
-        """C [M, N] = A [M, K] @ dequant(W)^T (``out``: an [M, N] tensor of A's dtype to write, else allocated)."""
+        """C [M, N] = A [M, K] @ dequant(W)^T (``out``: an [M, N] tensor of A's dtype to write, else allocated);
+        with ``gated``: C [M, N / 2] = act(gate part) * (up part) (:mod:`mmaemit.kernels.gated`)."""
         import torch
 
         if (Z is None) != (self.zeros_mode is None):
@@ -367,7 +383,7 @@ class DequantGemm:
                                 f"{tuple(A.shape) if isinstance(A, torch.Tensor) else type(A).__name__}")
         M = A.shape[0]
         if out is None:
-            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+            out = torch.empty((M, self.n_out), dtype=A.dtype, device=A.device)
         if M == 0:
             return out
         return self.run_path(self.path_for(M), A, W, S, Z, out=out)
@@ -385,8 +401,17 @@ class DequantGemm:
         if path.startswith("gemv") and M > int(path[4:]):
             raise ArgumentError(f"path {path} serves M <= {path[4:]}, not M={M}")
         if out is None:
-            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
-        weights = (W, S) if Z is None else (W, S, Z)
+            out = torch.empty((M, self.n_out), dtype=A.dtype, device=A.device)
+        if self.gated and not self.gates_in_kernel(path):
+            full = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+            self._run(path, A, (W, S) if Z is None else (W, S, Z), full)
+            return gate_into(self.gated, full, out)
+        self._run(path, A, (W, S) if Z is None else (W, S, Z), out)
+        return out
+
+    def _run(self, path, A, weights, out):
+        import torch
+
         if self.interpret:
             from mmaemit.interpret import interpret as run
 
@@ -397,7 +422,7 @@ class DequantGemm:
                 self._check(run(funcs[1], A, scratch, out, arch=self.arch))
             else:
                 self._check(run(funcs[0], A, *weights, out, arch=self.arch))
-            return out
+            return
         kernels = self.kernels(path)
         if path.startswith("dense"):
             scratch = torch.empty((self.N, self.K), dtype=A.dtype, device=A.device)
@@ -405,7 +430,6 @@ class DequantGemm:
             kernels[1](A, scratch, out)
         else:
             kernels[0](A, *weights, out)
-        return out
 
     @staticmethod
     def _check(report):
@@ -414,7 +438,8 @@ class DequantGemm:
 
     def __repr__(self):
         spans = ", ".join(f"{p} {lo}..{'' if hi is None else hi}" for p, lo, hi in self.ranges)
-        return (f"DequantGemm(N={self.N}, K={self.K}, {self.weight_format} g{self.group_size}, {self.dtype}, "
+        gate = f", gated {self.gated}" if self.gated else ""
+        return (f"DequantGemm(N={self.N}, K={self.K}, {self.weight_format} g{self.group_size}, {self.dtype}{gate}, "
                 f"{self.arch}: {spans})")
 
 

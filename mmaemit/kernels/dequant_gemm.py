@@ -44,6 +44,7 @@ from mmaemit.emitters.builder import only_if, store
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import (WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_MODES, check_scheme,  # noqa: F401
                                            grid_kernel, kernel_decode_program, pair_of_column, symbolic_m)
+from mmaemit.kernels.gated import check_gate, gate_tir
 
 
 #: largest M of the small-M path (n8 token tiles per warp: ceil(m_max / 8), each decoded weight fragment feeds all)
@@ -151,7 +152,7 @@ def weight_a_registers(instr):
 
 
 def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConfig = GemvConfig(), arch=None, *,
-                      weight_format="int4", zeros_mode=None, m_max=None):
+                      weight_format="int4", zeros_mode=None, m_max=None, gated=None):
     """Build ``gemv(A, W, S, C)`` (``gemv(A, W, S, Z, C)`` with zeros): A [M, K], W int32 [N/16, K/64, 32, b]
     (``to_kernel_layout(codes, b)``, b = the format's bits), S [N/16, K/group, 4, 4] (``to_kernel_scales``, A's
     dtype), C [M, N]. sm_80+ (``arch``: the decode program's target; None = sm_80 programs).
@@ -165,7 +166,10 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     1 <= M <= ``m_max`` (default 16, at most 32 = ``GEMV_M_LIMIT``; rows >= M are never read or written). Above 16
     rows each lane holds 4 activation rows per chunk: ``GemvConfig(n_blocks=1)`` keeps every format within 128
     registers (int4 with ``n_blocks=2``, ``min_blocks_per_sm=1``: 170; ``kernel.resource_usage()`` shows spills).
-    Returns ``(gemv, em)``: ``em`` the mma emitter used (with ``weights_as_a`` its m16 tiles are the n16 blocks).
+    ``gated`` ("silu" / "gelu_tanh", :mod:`mmaemit.kernels.gated`): W holds gate and up rows interleaved by n16
+    blocks (``interleave_gated``), ``n_blocks`` is even, and C [M, N / 2] = act(gate sums) * (up sums) in float32,
+    rounded once. Returns ``(gemv, em)``: ``em`` the mma emitter used (with ``weights_as_a`` its m16 tiles are the
+    n16 blocks).
     """
     from tvm.script import tirx as T
 
@@ -180,6 +184,12 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     M, MMAX = symbolic_m(M, 16 if M is None and m_max is None else m_max, GEMV_M_LIMIT)
     NB, KS = config.n_blocks, config.k_slices
     BN = 16 * NB
+    GATED = check_gate(gated)
+    if GATED and NB % 2:
+        raise UnsupportedConfigError(f"gated={gated!r} pairs a gate and an up n16 block per CTA: n_blocks must be "
+                                     f"even, not {NB}")
+    OW = BN // 2 if GATED else BN       # output columns per CTA
+    NC = N // 2 if GATED else N         # ... and of C
     G = K if group_size in (None, -1) else group_size
     if N % BN:
         raise TileShapeError(f"N={N} must be a multiple of 16 * n_blocks = {BN}")
@@ -215,7 +225,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     if ring not in (True, False, "scales"):
         raise UnsupportedConfigError(f"operand_ring={config.operand_ring!r}; valid: None, True, False, 'scales'")
     ORA, ORS = ring is True, ring is not False        # activations / scales (zeros) through the ring
-    OUT_ITERS = (MMAX * BN + THREADS - 1) // THREADS
+    OUT_ITERS = (MMAX * OW + THREADS - 1) // THREADS
     # chunks per main-loop iteration: at m_max <= 8 a multiple of the ring depth (and of the 2 activation buffers)
     # where the slice allows, so every ring stage and buffer index in the loop body is a constant (H100 8192^2 M=1:
     # int2 10.7-10.8 against 11.4-11.5 us, nf4 20.3-20.6 against 20.9-21.3, int4 the same); with 16 rows and more
@@ -428,17 +438,24 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         T.cuda.cta_sync()
         for t in T.unroll(OUT_ITERS):
             o = T.meta_var(tid + t * THREADS)
-            if o < M * BN:
-                acc = T.alloc_local((1,), "float32")
+            if o < M * OW:
+                acc = T.alloc_local((2,), "float32")
                 acc[0] = T.float32(0)
-                for w in T.unroll(KS):
-                    acc[0] = acc[0] + Part[w, o // BN, o % BN]
-                C[o // BN, cta * BN + o % BN] = T.Cast(dtype, acc[0])
+                acc[1] = T.float32(0)
+                if GATED is not None:              # output r: gate column 32 (r // 16) + r % 16, up 16 further
+                    for w in T.unroll(KS):
+                        acc[0] = acc[0] + Part[w, o // OW, o % OW // 16 * 32 + o % 16]
+                        acc[1] = acc[1] + Part[w, o // OW, o % OW // 16 * 32 + 16 + o % 16]
+                    C[o // OW, cta * OW + o % OW] = T.Cast(dtype, gate_tir(GATED, acc[0], acc[1]))
+                else:
+                    for w in T.unroll(KS):
+                        acc[0] = acc[0] + Part[w, o // BN, o % BN]
+                    C[o // BN, cta * BN + o % BN] = T.Cast(dtype, acc[0])
 
     if z_kind is None:
         @T.prim_func
         def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, WPC), "int32"),
-                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, NC), dtype)):
             T.device_entry()
             T.attr({"tirx.launch_bounds_min_blocks_per_sm": MINB})
             cta = T.cta_id([N // BN])
@@ -449,7 +466,7 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         @T.prim_func
         def gemv(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, K // CHUNK, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
-                 C: T.Buffer((M, N), dtype)):
+                 C: T.Buffer((M, NC), dtype)):
             T.device_entry()
             T.attr({"tirx.launch_bounds_min_blocks_per_sm": MINB})
             cta = T.cta_id([N // BN])

@@ -14,6 +14,10 @@ dtype, device and act-order permutation) into one layer whose N is the sum (the 
 output rows, so the buffers concatenate as they are): one kernel launch instead of several, and a grid the GPU can
 fill where a single small projection (e.g. k / v 4096 -> 1024 at M=1) cannot. ``out_splits`` records the parts:
 ``q, k, v = layer(x).split(layer.out_splits, -1)``.
+
+``QuantGatedLinear.from_layers(gate, up, act="silu")`` is the gated counterpart for a SwiGLU / GeGLU MLP's gate and
+up projections: y = act(gate(x)) * up(x) from one GEMM over the two weights interleaved by 16 rows, the gate applied
+in the GEMV's epilogue at M <= 16.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 
 from . import ops
 
-__all__ = ["QuantLinear", "warmup"]
+__all__ = ["QuantLinear", "QuantGatedLinear", "warmup"]
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -310,8 +314,122 @@ class QuantLinear(nn.Module):
                 f"bias={self.bias is not None}, act_order={self.perm is not None}")
 
 
+class QuantGatedLinear(nn.Module):
+    """``y = act(x @ dequant(Wg)^T + bg) * (x @ dequant(Wu)^T + bu)``: the gate / up pair of a SwiGLU / GeGLU MLP
+    as one quantized layer (``act``: "silu" or "gelu_tanh", :mod:`mmaemit.kernels.gated`).
+
+    The two weights are interleaved by 16 output rows into one kernel-layout weight of 2 N rows, so one GEMM reads
+    both; at M <= 16 the GEMV applies the gate in its epilogue (one launch, no [M, 2 N] intermediate), other M gate
+    the GEMM's output with torch (``gate_into``, as the unfused module would). Buffers as :class:`QuantLinear` with 2 N rows (``bias`` [2 N] interleaved the same
+    way, or None). Made by :meth:`from_layers` (two :class:`QuantLinear`, e.g. loaded from GPTQ / AWQ checkpoints)
+    or :meth:`from_linears` (two ``nn.Linear``)."""
+
+    def __init__(self, in_features: int, out_features: int, *, group_size: int, weight_format: str,
+                 zeros_mode=None, dtype=torch.float16, act="silu"):
+        super().__init__()
+        from mmaemit.kernels.gated import check_gate
+
+        if dtype not in _DTYPES:
+            raise UnsupportedConfigError(f"dtype must be one of {choices(_DTYPES.values())}, not {dtype}")
+        if check_gate(act) is None:
+            raise UnsupportedConfigError("QuantGatedLinear needs an activation: act='silu' or 'gelu_tanh'")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.group_size, self.weight_format, self.zeros_mode = int(group_size), weight_format, zeros_mode
+        self.dtype, self.act = dtype, act
+        for name in ("qweight", "scales", "zeros", "bias", "perm"):
+            self.register_buffer(name, None)
+
+    @classmethod
+    def from_layers(cls, gate: QuantLinear, up: QuantLinear, act="silu") -> "QuantGatedLinear":
+        """Interleave two :class:`QuantLinear` layers (same in / out features, format, group, zero-point mode,
+        dtype, device and act-order permutation) into one gated layer."""
+        from mmaemit.kernels.gated import interleave_gated
+
+        if not isinstance(gate, QuantLinear) or not isinstance(up, QuantLinear):
+            raise ArgumentError(f"from_layers takes two QuantLinear layers, got {type(gate).__name__} and "
+                                f"{type(up).__name__}")
+        for attr in ("in_features", "out_features", "weight_format", "group_size", "zeros_mode", "dtype"):
+            a, b = getattr(gate, attr), getattr(up, attr)
+            if a != b:
+                raise ArgumentError(f"the gate and up layers must share {attr}; got {a} and {b}")
+        if gate.qweight.device != up.qweight.device:
+            raise ArgumentError(f"the gate and up layers must be on one device; got {gate.qweight.device} and "
+                                f"{up.qweight.device}")
+        if (gate.perm is None) != (up.perm is None) or (gate.perm is not None and not torch.equal(gate.perm, up.perm)):
+            raise ArgumentError("the gate and up layers need one act-order permutation (the activations are "
+                                "permuted once per call); their g_idx orders differ")
+        out = cls(gate.in_features, gate.out_features, group_size=gate.group_size, weight_format=gate.weight_format,
+                  zeros_mode=gate.zeros_mode, dtype=gate.dtype, act=act)
+        out.qweight = interleave_gated(gate.qweight, up.qweight)
+        out.scales = interleave_gated(gate.scales, up.scales)
+        out.zeros = None if gate.zeros is None else interleave_gated(gate.zeros, up.zeros)
+        if gate.bias is not None or up.bias is not None:
+            zero = torch.zeros(gate.out_features, dtype=gate.dtype, device=gate.qweight.device)
+            bg, bu = (b if b is not None else zero for b in (gate.bias, up.bias))
+            out.bias = interleave_gated(bg.reshape(-1, 16), bu.reshape(-1, 16)).reshape(-1)
+        out.perm = gate.perm
+        return out
+
+    @classmethod
+    def from_linears(cls, gate: nn.Linear, up: nn.Linear, scheme="int4", *, group_size=128, act="silu", dtype=None,
+                     device=None) -> "QuantGatedLinear":
+        """Quantize two ``nn.Linear`` (as :meth:`QuantLinear.from_linear`) into one gated layer."""
+        return cls.from_layers(QuantLinear.from_linear(gate, scheme, group_size=group_size, dtype=dtype, device=device),
+                               QuantLinear.from_linear(up, scheme, group_size=group_size, dtype=dtype, device=device),
+                               act)
+
+    def warmup(self, workers=None):
+        """Compile every M path of this layer's kernels now (as :meth:`QuantLinear.warmup`)."""
+        if self.qweight.is_cuda:
+            ops.warmup(2 * self.out_features, self.in_features, self.group_size, self.dtype, self.weight_format,
+                       self.zeros_mode or "", self.qweight.device, workers, gated=self.act)
+        return self
+
+    def gemm(self):
+        """The shared gated :class:`~mmaemit.kernels.dequant_dispatch.DequantGemm` of this layer on its device."""
+        return ops.gemm_for(2 * self.out_features, self.in_features, self.group_size, self.dtype, self.weight_format,
+                            self.zeros_mode or "", self.qweight.device, gated=self.act)
+
+    def forward(self, x):
+        from mmaemit.kernels.gated import gate_into
+
+        if x.dtype != self.dtype:
+            raise ArgumentError(f"QuantGatedLinear holds {_DTYPES[self.dtype]} weights; x is {x.dtype} (convert x, "
+                                f"or build the layer with dtype={x.dtype})")
+        if x.shape[-1] != self.in_features:
+            raise ArgumentError(f"x has {x.shape[-1]} features in its last dim, the layer takes {self.in_features}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            x2 = x2.index_select(1, self.perm)
+        args = (x2.contiguous(), self.qweight, self.scales, self.zeros, self.group_size, self.weight_format,
+                self.zeros_mode or "")
+        if self.bias is None:
+            y = torch.ops.mmaemit.dequant_gated_linear(*args, self.act)
+        else:        # the bias joins before the gate: the full product, then the gate with torch's ops
+            full = torch.ops.mmaemit.dequant_linear(*args) + self.bias
+            y = gate_into(self.act, full, full.new_empty((full.shape[0], self.out_features)))
+        return y.reshape(*lead, self.out_features)
+
+    def dequantized_weight(self):
+        """The interleaved gate / up weight [2 N, K] in float32 on the CPU (n16 blocks alternate gate and up,
+        :func:`~mmaemit.kernels.gated.split_gated` separates a product with it), in the original K order."""
+        w = ops.dequantized_weight(self.qweight, self.scales, self.zeros, self.group_size, self.weight_format,
+                                   self.zeros_mode or "").float()
+        if self.perm is not None:
+            out = torch.empty_like(w)
+            out[:, self.perm.cpu()] = w
+            w = out
+        return w
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, act={self.act}, "
+                f"{self.weight_format} g{self.group_size}, zeros={self.zeros_mode}, dtype={_DTYPES[self.dtype]}, "
+                f"bias={self.bias is not None}, act_order={self.perm is not None}")
+
+
 def warmup(model, workers=None) -> float:
-    """Compile every M path of every CUDA :class:`QuantLinear` in ``model`` (an ``nn.Module``, searched with
+    """Compile every M path of every CUDA :class:`QuantLinear` / :class:`QuantGatedLinear` in ``model`` (an ``nn.Module``, searched with
     ``modules()``, or an iterable of layers) in one pool of worker processes: layers of the same problem share
     their kernels, so each distinct shape compiles once. ``workers``: as
     :func:`~mmaemit.kernels.dequant_dispatch.warmup_all`. Returns the wall time in seconds."""
@@ -320,7 +438,7 @@ def warmup(model, workers=None) -> float:
     layers = model.modules() if isinstance(model, nn.Module) else model
     gemms = {}
     for layer in layers:
-        if isinstance(layer, QuantLinear) and layer.qweight.is_cuda:
+        if isinstance(layer, (QuantLinear, QuantGatedLinear)) and layer.qweight.is_cuda:
             g = layer.gemm()
             gemms[id(g)] = g
     return warmup_all(list(gemms.values()), workers)

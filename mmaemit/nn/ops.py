@@ -10,6 +10,10 @@ bfloat16, qweight / scales / zeros in the kernel layout (:func:`mmaemit.dequant.
 * CPU: the exact reference (the kernel-layout tensors dequantized in float64 by the documented formulas, the product
   in float32, rounded once to x's dtype), or, with ``MMAEMIT_INTERPRET=1``, the same kernels on the CPU interpreter.
 * a fake (meta) implementation gives the output's shape and dtype, so ``torch.compile(fullgraph=True)`` traces it.
+
+``dequant_gated_linear(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act) -> y``: the same over a
+gate and an up weight interleaved by 16 rows (:mod:`mmaemit.kernels.gated`), y [M, N/2] = act(gate) * up (float32,
+one rounding); at M <= 16 the GEMV applies it in its epilogue.
 """
 from __future__ import annotations
 
@@ -23,8 +27,10 @@ from mmaemit.dequant.formats import get_format
 from mmaemit.dequant.kernel_layout import from_kernel_layout, from_kernel_scales
 from mmaemit.errors import ArgumentError
 from mmaemit.kernels.dequant_dispatch import DequantGemm
+from mmaemit.kernels.gated import check_gate, gate_torch, split_gated
 
-__all__ = ["dequant_linear", "dequant_linear_reference", "dequantized_weight", "gemm_for", "warmup"]
+__all__ = ["dequant_linear", "dequant_linear_reference", "dequant_gated_linear", "dequant_gated_linear_reference",
+           "dequantized_weight", "gemm_for", "warmup"]
 
 _GEMMS: dict = {}
 _LOCK = threading.Lock()
@@ -34,11 +40,12 @@ def _zeros_mode(zeros_mode: str):
     return zeros_mode or None
 
 
-def gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device=None, *, interpret=None) -> DequantGemm:
-    """The shared :class:`DequantGemm` of a problem (made once per device)."""
+def gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device=None, *, interpret=None,
+             gated=None) -> DequantGemm:
+    """The shared :class:`DequantGemm` of a problem (made once per device; ``gated``: its gate activation)."""
     dev = None if device is None else torch.device(device)
     key = (N, K, group_size, str(dtype), weight_format, zeros_mode or None,
-           None if dev is None or dev.type == "cpu" else (dev.type, dev.index), interpret)
+           None if dev is None or dev.type == "cpu" else (dev.type, dev.index), interpret, gated or None)
     with _LOCK:
         g = _GEMMS.get(key)
         if g is None:
@@ -49,14 +56,14 @@ def gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device=None, *,
                 arch = device_arch(dev.index or 0).name
             dt = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, dtype)
             g = _GEMMS[key] = DequantGemm(N, K, group_size, dt, weight_format, zeros_mode or None, arch,
-                                          interpret=interpret)
+                                          interpret=interpret, gated=gated or None)
         return g
 
 
-def warmup(N, K, group_size, dtype, weight_format, zeros_mode, device, workers=None):
+def warmup(N, K, group_size, dtype, weight_format, zeros_mode, device, workers=None, gated=None):
     """Compile every M path of a problem's DequantGemm now (``workers``: as
     :func:`~mmaemit.kernels.dequant_dispatch.warmup_all`)."""
-    gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device).warmup(workers)
+    gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device, gated=gated).warmup(workers)
 
 
 def dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_mode):
@@ -103,3 +110,35 @@ def dequant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 @dequant_linear.register_fake
 def _(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
     return x.new_empty((x.shape[0], qweight.shape[0] * 16))
+
+
+def dequant_gated_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act):
+    """The exact CPU reference of :func:`dequant_gated_linear`: the float64-dequantized interleaved weight, the
+    float32 product, ``act(gate) * up`` in float32, one rounding to x's dtype."""
+    w = dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_mode)
+    y = x.cpu().float() @ w.float().T
+    return gate_torch(act, *split_gated(y)).to(x.dtype).to(x.device)
+
+
+@torch.library.custom_op("mmaemit::dequant_gated_linear", mutates_args=())
+def dequant_gated_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                         group_size: int, weight_format: str, zeros_mode: str, act: str) -> torch.Tensor:
+    """y [M, N/2] = act(x @ Wg^T) * (x @ Wu^T) over gate / up weights interleaved by 16 rows
+    (:mod:`mmaemit.kernels.gated`; qweight etc. as :func:`dequant_linear`, N = qweight.shape[0] * 16 rows)."""
+    check_gate(act)
+    if x.dim() != 2:
+        raise ArgumentError(f"x must be 2-D [M, K], got {tuple(x.shape)}")
+    N, K = qweight.shape[0] * 16, x.shape[1]
+    if x.device.type != "cuda" and os.environ.get("MMAEMIT_INTERPRET", "") in ("", "0"):
+        return dequant_gated_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act)
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    g = gemm_for(N, K, group_size, x.dtype, weight_format, zeros_mode, x.device, gated=act)
+    out = torch.empty((x.shape[0], N // 2), dtype=x.dtype, device=x.device)
+    return g(x, qweight, scales, zeros, out=out)
+
+
+@dequant_gated_linear.register_fake
+def _(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act):
+    return x.new_empty((x.shape[0], qweight.shape[0] * 8))
