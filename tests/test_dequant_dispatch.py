@@ -249,6 +249,20 @@ def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
     assert dg.configs["fused32"] is mine and "fused32" not in [r[0] for r in dg.ranges]
 
 
+def test_gemv16_default_fills_one_wave_of_warps():
+    """gemv16's warps per CTA follow the grid: N / 32 CTAs x k_slices warps nearest 16 warps per SM on 132 SMs (the
+    shapes measured on the H100), k_slices dividing K; a config the caller passes is kept."""
+    from mmaemit.kernels.dequant_dispatch import GEMV16_CONFIGS, gemv16_config
+
+    want = {(8192, 8192): 8, (28672, 8192): 4, (14336, 4096): 4, (4096, 14336): 16, (4096, 4096): 16,
+            (512, 1024): 8, (64, 1024): 8}
+    assert {nk: gemv16_config(*nk).k_slices for nk in want} == want
+    assert gemv16_config(4096, 14336) is GEMV16_CONFIGS[16] and gemv16_config(4096, 14336 + 1024).k_slices == 8
+    assert DequantGemm(4096, 14336, arch="sm_90a").configs["gemv16"] is GEMV16_CONFIGS[16]
+    mine = GemvConfig(n_blocks=2, k_slices=8, stages=3)
+    assert DequantGemm(4096, 14336, arch="sm_90a", configs={"gemv16": mine}).configs["gemv16"] is mine
+
+
 def test_8bit_plan_takes_the_fused_paths_from_m_1():
     """8-bit weights with a fast scaled decode (int8 / int8_ob / fp8 with fp16, int8 with bf16: the split magic) take
     fused8 / fused16 instead of the GEMVs and 8-bit rings (fewer chunks per stage, deeper, within shared memory);

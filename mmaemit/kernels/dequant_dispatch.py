@@ -78,7 +78,7 @@ from .gated import check_gate, gate_into
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
-           "EXTRA_PATHS", "prebuild", "warmup_all"]
+           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -107,6 +107,23 @@ FUSED_DENSE_M = 4096
 #: runnable by name (``run_path``, ``--all-paths``), in no plan: the register-decode Hopper kernel of
 #: :mod:`mmaemit.kernels.dequant_gemm_wgmma` (symbolic M)
 EXTRA_PATHS = ("wgmma",)
+#: ``gemv16``'s configs by warps per CTA (``k_slices``): 4 warps x 4 CTAs, 8 x 2, 16 x 1 per SM
+GEMV16_CONFIGS = {4: GemvConfig(2, 4, 4, 4), 8: GemvConfig(), 16: GemvConfig(2, 16, 3, 1)}
+#: warps a GEMV grid should have for one full wave: 16 per SM on a 132-SM H100
+GEMV_WAVE_WARPS = 16 * 132
+
+
+def gemv16_config(N, K) -> GemvConfig:
+    """``gemv16``'s default for an N x K problem: the ``k_slices`` of :data:`GEMV16_CONFIGS` whose grid (N / 32 CTAs
+    x k_slices warps) is nearest one wave of :data:`GEMV_WAVE_WARPS` and divides K. On the H100 at M=16, int4 g128
+    (docs/perf-notes.md, seventh session): 14336 x 4096 15.8 us with 4 warps against 17.7 with 8, 4096 x 14336 15.5
+    with 16 against 18.3, 28672 x 8192 55.4-61.5 with 4 against 58.0-64.1, 8192^2 keeps 8 (17.1)."""
+    fits = [ks for ks in GEMV16_CONFIGS if N % 32 == 0 and K % (128 * ks) == 0]
+    if not fits:
+        return GemvConfig()
+    return GEMV16_CONFIGS[min(fits, key=lambda ks: (abs(N // 32 * ks - GEMV_WAVE_WARPS), ks != 8))]
+
+
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig(n_blocks=1),
              "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
@@ -205,6 +222,8 @@ class DequantGemm:
         for path in FUSED_PATHS:
             if path not in (configs or {}):       # a config the caller passes is never changed
                 self.configs[path] = self._default_fused(path, self.configs[path])
+        if "gemv16" not in (configs or {}):
+            self.configs["gemv16"] = gemv16_config(self.N, self.K)
         hopper = self.arch == "sm_90a"
         self.large_m = (LARGE_M if large_m is None else int(large_m)) if hopper else None
         self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None
