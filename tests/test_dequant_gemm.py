@@ -99,21 +99,31 @@ def test_gemv_sass_streams_weights_with_16_byte_cp_async(ring):
 def test_gemv_operand_ring_is_bit_identical(fmt, zeros, dtype, m_max, M):
     """Activations and scales (zeros) through the cp.async ring, or only the scales ("scales"), give the same bits as
     their ld.global loads."""
+    outs = _gemv_variants(fmt, zeros, dtype, m_max, M, [dict(operand_ring=r) for r in (False, True, "scales")])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def _gemv_variants(fmt, zeros, dtype, m_max, M, variants, check_em=None):
+    """The GEMV's outputs on the interpreter for each config variant (GemvConfig fields over 2 x 2 x 3 stages) on one
+    random problem; the first is checked against the float64 product and for NaN (poisoned output)."""
     N, K = 64, 1024
     g = torch.Generator().manual_seed(len(fmt) + M)
     qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
     tensors, kw = kernel_arguments(qw)
     A = torch.randn(M, K, generator=g).to(dtype)
     outs = []
-    for ring in (False, True, "scales"):
-        func, _ = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], arch="sm_90a", m_max=m_max, config=GemvConfig(
-            n_blocks=2, k_slices=2, stages=3, operand_ring=ring), **kw)
+    for v in variants:
+        func, em = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], arch="sm_90a", m_max=m_max, config=GemvConfig(
+            n_blocks=2, k_slices=2, stages=3, **v), **kw)
+        if check_em:
+            check_em(v, em)
         C = torch.full((M, N), float("nan"), dtype=dtype)
         assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
         outs.append(C)
-    assert not torch.isnan(outs[1]).any() and torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     ref = A.double() @ qw.dequantize().double().T
-    assert ((outs[1].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
+    assert not torch.isnan(outs[0]).any()
+    assert ((outs[0].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
+    return outs
 
 
 @pytest.mark.parametrize("fmt, zeros, dtype, m_max, M", [
@@ -124,22 +134,11 @@ def test_gemv_operand_ring_is_bit_identical(fmt, zeros, dtype, m_max, M):
 def test_gemv_weights_as_a_is_bit_identical(fmt, zeros, dtype, m_max, M):
     """C^T = W A^T (the decoded weights as the mma's A operand, tokens as n8 tiles) gives the same bits as C = A W^T
     (the weights as B, m16 tiles of activation rows), for every word width, post- and decode-time scaling."""
-    N, K = 64, 1024
-    g = torch.Generator().manual_seed(len(fmt) + M)
-    qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
-    tensors, kw = kernel_arguments(qw)
-    A = torch.randn(M, K, generator=g).to(dtype)
-    outs = []
-    for as_a in (True, False):
-        func, em = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], arch="sm_90a", m_max=m_max, config=GemvConfig(
-            n_blocks=2, k_slices=2, stages=3, weights_as_a=as_a), **kw)
-        assert (em.warp_row_tiles, em.n_tile) == ((32, 8) if as_a else (16 * -(-m_max // 16), 16))
-        C = torch.full((M, N), float("nan"), dtype=dtype)
-        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
-        outs.append(C)
-    assert not torch.isnan(outs[0]).any() and torch.equal(outs[0], outs[1])
-    ref = A.double() @ qw.dequantize().double().T
-    assert ((outs[0].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
+    def check_em(v, em):
+        assert (em.warp_row_tiles, em.n_tile) == ((32, 8) if v["weights_as_a"] else (16 * -(-m_max // 16), 16))
+
+    outs = _gemv_variants(fmt, zeros, dtype, m_max, M, [dict(weights_as_a=a) for a in (True, False)], check_em)
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_gemv_weights_as_a_halves_the_mma_at_m8():

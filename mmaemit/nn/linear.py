@@ -92,6 +92,30 @@ def _scales_and_zeros(ck, prefix, kq, K, N, bits, group_size):
     return scales, qzeros, G
 
 
+def _flat_input(layer, x):
+    """(leading dims, x as a contiguous [M, K] in the layer's K order) after checking x's dtype and features."""
+    if x.dtype != layer.dtype:
+        raise ArgumentError(f"{type(layer).__name__} holds {_DTYPES[layer.dtype]} weights; x is {x.dtype} (convert x, "
+                            f"or build the layer with dtype={x.dtype})")
+    if x.shape[-1] != layer.in_features:
+        raise ArgumentError(f"x has {x.shape[-1]} features in its last dim, the layer takes {layer.in_features}")
+    x2 = x.reshape(-1, layer.in_features)
+    if layer.perm is not None:
+        x2 = x2.index_select(1, layer.perm)
+    return x.shape[:-1], x2.contiguous()
+
+
+def _dequantized_weight(layer):
+    """A layer's kernel-layout weight dequantized exactly (float32, CPU), in the original K order."""
+    w = ops.dequantized_weight(layer.qweight, layer.scales, layer.zeros, layer.group_size, layer.weight_format,
+                               layer.zeros_mode or "").float()
+    if layer.perm is not None:
+        out = torch.empty_like(w)
+        out[:, layer.perm.cpu()] = w
+        w = out
+    return w
+
+
 class QuantLinear(nn.Module):
     """``y = x @ dequant(W)^T + bias`` with the weight in the dequant kernels' layout (see the module doc).
 
@@ -281,16 +305,8 @@ class QuantLinear(nn.Module):
                             self.zeros_mode or "", self.qweight.device)
 
     def forward(self, x):
-        if x.dtype != self.dtype:
-            raise ArgumentError(f"QuantLinear holds {_DTYPES[self.dtype]} weights; x is {x.dtype} (convert x, or "
-                                f"build the layer with dtype={x.dtype})")
-        if x.shape[-1] != self.in_features:
-            raise ArgumentError(f"x has {x.shape[-1]} features in its last dim, the layer takes {self.in_features}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if self.perm is not None:
-            x2 = x2.index_select(1, self.perm)
-        y = torch.ops.mmaemit.dequant_linear(x2.contiguous(), self.qweight, self.scales, self.zeros, self.group_size,
+        lead, x2 = _flat_input(self, x)
+        y = torch.ops.mmaemit.dequant_linear(x2, self.qweight, self.scales, self.zeros, self.group_size,
                                              self.weight_format, self.zeros_mode or "")
         if self.bias is not None:
             y = y + self.bias
@@ -299,13 +315,7 @@ class QuantLinear(nn.Module):
     def dequantized_weight(self):
         """The layer's weight [N, K] in float32 on the CPU, in the original K order (exact: b-bit codes times a
         16-bit scale fit float32)."""
-        w = ops.dequantized_weight(self.qweight, self.scales, self.zeros, self.group_size, self.weight_format,
-                                   self.zeros_mode or "").float()
-        if self.perm is not None:
-            out = torch.empty_like(w)
-            out[:, self.perm.cpu()] = w
-            w = out
-        return w
+        return _dequantized_weight(self)
 
     def extra_repr(self):
         parts = "" if len(self.out_splits) == 1 else f" (concat of {list(self.out_splits)})"
@@ -393,17 +403,8 @@ class QuantGatedLinear(nn.Module):
     def forward(self, x):
         from mmaemit.kernels.gated import gate_into
 
-        if x.dtype != self.dtype:
-            raise ArgumentError(f"QuantGatedLinear holds {_DTYPES[self.dtype]} weights; x is {x.dtype} (convert x, "
-                                f"or build the layer with dtype={x.dtype})")
-        if x.shape[-1] != self.in_features:
-            raise ArgumentError(f"x has {x.shape[-1]} features in its last dim, the layer takes {self.in_features}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if self.perm is not None:
-            x2 = x2.index_select(1, self.perm)
-        args = (x2.contiguous(), self.qweight, self.scales, self.zeros, self.group_size, self.weight_format,
-                self.zeros_mode or "")
+        lead, x2 = _flat_input(self, x)
+        args = (x2, self.qweight, self.scales, self.zeros, self.group_size, self.weight_format, self.zeros_mode or "")
         if self.bias is None:
             y = torch.ops.mmaemit.dequant_gated_linear(*args, self.act)
         else:        # the bias joins before the gate: the full product, then the gate with torch's ops
@@ -414,13 +415,7 @@ class QuantGatedLinear(nn.Module):
     def dequantized_weight(self):
         """The interleaved gate / up weight [2 N, K] in float32 on the CPU (n16 blocks alternate gate and up,
         :func:`~mmaemit.kernels.gated.split_gated` separates a product with it), in the original K order."""
-        w = ops.dequantized_weight(self.qweight, self.scales, self.zeros, self.group_size, self.weight_format,
-                                   self.zeros_mode or "").float()
-        if self.perm is not None:
-            out = torch.empty_like(w)
-            out[:, self.perm.cpu()] = w
-            w = out
-        return w
+        return _dequantized_weight(self)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, act={self.act}, "
