@@ -138,7 +138,7 @@ def _int4_weights(n, k, fmt="int4", dtype=torch.float16, zeros_mode=None):
 @case
 def dequant_tiled_paths():
     """The symbolic-M mma.sync paths of the plan without fused kernels (what serves M > 16 for other formats and
-    without wgmma) at ragged M: gemv32 (two m16 tiles per warp), tiled64, tiled128."""
+    without wgmma) at ragged M: gemv32 (four n8 token tiles per warp), tiled64, tiled128."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
 
     tensors, kw, w = _int4_weights(512, 1024)

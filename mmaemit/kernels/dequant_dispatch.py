@@ -9,7 +9,8 @@ group), and fp4 / fp8 with fp16 activations; N a multiple of 64) the plan is
 path            M range (defaults)    kernel
 ==============  ====================  ==========================================================================
 ``gemv8``       1 .. 8                :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
-``gemv16``      9 .. 16               the same with ``m_max=16`` (two A rows per lane)
+``gemv16``      9 .. 16               the same with ``m_max=16`` (two token rows per lane), warps per CTA from
+                                      :func:`gemv16_config` (one wave of warps for the grid)
 ``fused32``     17 .. 32              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
                                       mbarrier ring, warp-specialized, codes decoded into RS wgmma), 32 activation
                                       rows x 64 weight rows per tile, two consumer warpgroups splitting K
@@ -37,9 +38,9 @@ path           M range (defaults)           kernel
 =============  ===========================  ====================================================================
 ``gemv8``      1 .. 8                       as above
 ``gemv16``     9 .. 16                      as above
-``gemv32``     17 .. 32                     the GEMV with ``m_max=32``: two m16 tiles per warp, each decoded weight
-                                            fragment feeds both (``GemvConfig(n_blocks=1)``: 128 registers, no spills
-                                            for any format)
+``gemv32``     17 .. 32                     the GEMV with ``m_max=32``: four n8 token tiles per warp, each decoded
+                                            weight fragment feeds all (``GemvConfig(n_blocks=1)``: 128 registers, no
+                                            spills for any format)
 ``tiled64``    33 .. 64 (without sm_90a)    :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemm_tiled`, 64 x 64
 ``tiled128``   65 .. ``large_m`` - 1        the same, 128 x 128 CTA tiles (``large_m`` > 65, or no sm_90a)
 ``dense_mid``  ``large_m`` .. ``wide_m`` - 1 the dense scratch + Hopper GEMM with 128 x 128 tiles (sm_90a; twice the
@@ -82,7 +83,7 @@ __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
-#: GPUs without wgmma; below it ``gemv32`` (two m16 tiles per warp) serves M = 17 .. 32 (int4 at M=32 on the H100:
+#: GPUs without wgmma; below it ``gemv32`` (four n8 token tiles per warp) serves M = 17 .. 32 (int4 at M=32 on the H100:
 #: 28.9 µs against 156 µs for dense_mid)
 LARGE_M = 33
 #: first M of the two-kernel path with the GEMM's wide (128 x 256) tiles (128 x 128 won at M=256, lost at 1024)

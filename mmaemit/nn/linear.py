@@ -330,9 +330,9 @@ class QuantGatedLinear(nn.Module):
 
     The two weights are interleaved by 16 output rows into one kernel-layout weight of 2 N rows, so one GEMM reads
     both; at M <= 16 the GEMV applies the gate in its epilogue (one launch, no [M, 2 N] intermediate), other M gate
-    the GEMM's output with torch (``gate_into``, as the unfused module would). Buffers as :class:`QuantLinear` with 2 N rows (``bias`` [2 N] interleaved the same
-    way, or None). Made by :meth:`from_layers` (two :class:`QuantLinear`, e.g. loaded from GPTQ / AWQ checkpoints)
-    or :meth:`from_linears` (two ``nn.Linear``)."""
+    the GEMM's output with torch (``gate_into``, as the unfused module would). Buffers as :class:`QuantLinear` with
+    2 N rows (``bias`` [2 N] interleaved the same way, or None). Made by :meth:`from_layers` (two
+    :class:`QuantLinear`, e.g. loaded from GPTQ / AWQ checkpoints) or :meth:`from_linears` (two ``nn.Linear``)."""
 
     def __init__(self, in_features: int, out_features: int, *, group_size: int, weight_format: str,
                  zeros_mode=None, dtype=torch.float16, act="silu"):
@@ -424,9 +424,9 @@ class QuantGatedLinear(nn.Module):
 
 
 def warmup(model, workers=None) -> float:
-    """Compile every M path of every CUDA :class:`QuantLinear` / :class:`QuantGatedLinear` in ``model`` (an ``nn.Module``, searched with
-    ``modules()``, or an iterable of layers) in one pool of worker processes: layers of the same problem share
-    their kernels, so each distinct shape compiles once. ``workers``: as
+    """Compile every M path of every CUDA :class:`QuantLinear` / :class:`QuantGatedLinear` in ``model`` (an
+    ``nn.Module``, searched with ``modules()``, or an iterable of layers) in one pool of worker processes: layers of
+    the same problem share their kernels, so each distinct shape compiles once. ``workers``: as
     :func:`~mmaemit.kernels.dequant_dispatch.warmup_all`. Returns the wall time in seconds."""
     from mmaemit.kernels.dequant_dispatch import warmup_all
 
