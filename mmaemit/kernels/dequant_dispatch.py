@@ -119,8 +119,8 @@ def gemv16_config(N, K) -> GemvConfig:
     x k_slices warps) is nearest one wave of :data:`GEMV_WAVE_WARPS` and divides K. On the H100 at M=16, int4 g128
     (docs/perf-notes.md, seventh session): 14336 x 4096 15.8 us with 4 warps against 17.7 with 8, 4096 x 14336 15.5
     with 16 against 18.3, 28672 x 8192 55.4-61.5 with 4 against 58.0-64.1, 8192^2 keeps 8 (17.1)."""
-    fits = [ks for ks in GEMV16_CONFIGS if N % 32 == 0 and K % (128 * ks) == 0]
-    if not fits:
+    fits = [ks for ks in GEMV16_CONFIGS if K % (128 * ks) == 0]
+    if N % 32 or not fits:
         return GemvConfig()
     return GEMV16_CONFIGS[min(fits, key=lambda ks: (abs(N // 32 * ks - GEMV_WAVE_WARPS), ks != 8))]
 
@@ -422,11 +422,12 @@ class DequantGemm:
             raise ArgumentError(f"path {path} serves M <= {path[4:]}, not M={M}")
         if out is None:
             out = torch.empty((M, self.n_out), dtype=A.dtype, device=A.device)
+        weights = (W, S) if Z is None else (W, S, Z)
         if self.gated and not self.gates_in_kernel(path):
             full = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
-            self._run(path, A, (W, S) if Z is None else (W, S, Z), full)
+            self._run(path, A, weights, full)
             return gate_into(self.gated, full, out)
-        self._run(path, A, (W, S) if Z is None else (W, S, Z), out)
+        self._run(path, A, weights, out)
         return out
 
     def _run(self, path, A, weights, out):

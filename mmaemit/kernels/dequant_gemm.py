@@ -205,16 +205,11 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     SWAP = config.weights_as_a
     if SWAP not in (True, False):
         raise UnsupportedConfigError(f"weights_as_a={config.weights_as_a!r}; valid: True, False")
-    if SWAP:    # C^T = W A^T: the warp's n16 blocks are the m16 tiles, its token rows g + 8 r the n8 tiles
-        em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1,
-                                     block_col_warps=1, warp_row_tiles=BN, warp_col_tiles=8 * -(-MMAX // 8),
-                                     chunk=16, n_tile=8, arch=arch)
-        WPERM = weight_a_registers(em.instruction)
-    else:
-        em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1,
-                                     block_col_warps=1, warp_row_tiles=16 * MT, warp_col_tiles=BN, chunk=16,
-                                     n_tile=16, arch=arch)
-        WPERM = [0, 1, 2, 3]
+    # weights as A: C^T = W A^T, the warp's n16 blocks are the m16 tiles, its token rows g + 8 r the n8 tiles
+    rows, cols, n_tile = (BN, 8 * -(-MMAX // 8), 8) if SWAP else (16 * MT, BN, 16)
+    em = TensorCoreIntrinEmitter(dtype, dtype, "float32", b_transposed=True, block_row_warps=1, block_col_warps=1,
+                                 warp_row_tiles=rows, warp_col_tiles=cols, chunk=16, n_tile=n_tile, arch=arch)
+    WPERM = weight_a_registers(em.instruction) if SWAP else [0, 1, 2, 3]
     THREADS = 32 * KS
     GC = G // CHUNK                      # chunks per scale group
     # activation rows a lane holds: g + 8 r (weights as B: row r of m16 tile r // 2, its half r % 2; weights as A:

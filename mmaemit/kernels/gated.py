@@ -27,7 +27,7 @@ _GELU_C = 0.7978845608028654      # sqrt(2 / pi)
 
 def check_gate(act):
     """Validate a gate activation name (None: no gating); returns it."""
-    if act is not None and act not in GATE_ACTIVATIONS or act == "":
+    if act is not None and act not in GATE_ACTIVATIONS:
         raise UnsupportedConfigError(f"gated must be one of {choices(GATE_ACTIVATIONS)} or None, not {act!r}")
     return act
 
@@ -44,16 +44,28 @@ def gate_tir(act, g, u):
     raise UnsupportedConfigError(f"gated must be one of {choices(GATE_ACTIVATIONS)}, not {act!r}")
 
 
-def gate_torch(act, g, u):
-    """``act(g) * u`` in float32 (torch tensors of any float dtype; returns float32)."""
+def _torch_act(act):
+    """The torch function of a gate activation."""
     import torch.nn.functional as F
 
-    g, u = g.float(), u.float()
     if act == "silu":
-        return F.silu(g) * u
+        return F.silu
     if act == "gelu_tanh":
-        return F.gelu(g, approximate="tanh") * u
+        return lambda x: F.gelu(x, approximate="tanh")
     raise UnsupportedConfigError(f"gated must be one of {choices(GATE_ACTIVATIONS)}, not {act!r}")
+
+
+def _blocks(y):
+    """The view [..., 2 N / 32, 2, 16] of a gated GEMM output [..., 2 N]: (block pair, gate / up, column)."""
+    n2 = y.shape[-1]
+    if n2 % 32:
+        raise TileShapeError(f"a gated output has a multiple of 32 columns (16-row gate / up blocks), not {n2}")
+    return y.reshape(*y.shape[:-1], n2 // 32, 2, 16)
+
+
+def gate_torch(act, g, u):
+    """``act(g) * u`` in float32 (torch tensors of any float dtype; returns float32)."""
+    return _torch_act(act)(g.float()) * u.float()
 
 
 def gate_into(act, y, out):
@@ -61,16 +73,13 @@ def gate_into(act, y, out):
     torch's ops in the output dtype (act computed in float32 and rounded, then the product rounded: what an unfused
     ``act(gate(x)) * up(x)`` module computes), two elementwise kernels and no copies; returns ``out``."""
     import torch
-    import torch.nn.functional as F
 
     n2 = y.shape[-1]
     if n2 % 32 or out.shape[-1] * 2 != n2:
         raise TileShapeError(f"gate_into takes y [..., 2 N] (2 N a multiple of 32) and out [..., N]; got "
                              f"{tuple(y.shape)} and {tuple(out.shape)}")
-    v = y.reshape(*y.shape[:-1], n2 // 32, 2, 16)
-    g = F.silu(v[..., 0, :]) if act == "silu" else (F.gelu(v[..., 0, :], approximate="tanh") if act == "gelu_tanh"
-                                                     else check_gate(act))
-    torch.mul(g, v[..., 1, :], out=out.view(*out.shape[:-1], n2 // 32, 16))
+    v = _blocks(y)
+    torch.mul(_torch_act(act)(v[..., 0, :]), v[..., 1, :], out=out.view(*out.shape[:-1], n2 // 32, 16))
     return out
 
 
@@ -90,8 +99,5 @@ def interleave_gated(gate, up):
 
 def split_gated(y):
     """(gate, up) views [..., N] of a GEMM output [..., 2 N] over :func:`interleave_gated` weights."""
-    n2 = y.shape[-1]
-    if n2 % 32:
-        raise TileShapeError(f"a gated output has a multiple of 32 columns (16-row gate / up blocks), not {n2}")
-    v = y.reshape(*y.shape[:-1], n2 // 32, 2, 16)
-    return v[..., 0, :].reshape(*y.shape[:-1], n2 // 2), v[..., 1, :].reshape(*y.shape[:-1], n2 // 2)
+    v, half = _blocks(y), y.shape[-1] // 2
+    return v[..., 0, :].reshape(*y.shape[:-1], half), v[..., 1, :].reshape(*y.shape[:-1], half)

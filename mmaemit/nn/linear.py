@@ -105,6 +105,11 @@ def _flat_input(layer, x):
     return x.shape[:-1], x2.contiguous()
 
 
+def _same_permutation(p, q):
+    """Whether two act-order permutations (or None) are the same."""
+    return (p is None) == (q is None) and (p is None or torch.equal(p, q))
+
+
 def _dequantized_weight(layer):
     """A layer's kernel-layout weight dequantized exactly (float32, CPU), in the original K order."""
     w = ops.dequantized_weight(layer.qweight, layer.scales, layer.zeros, layer.group_size, layer.weight_format,
@@ -263,8 +268,7 @@ class QuantLinear(nn.Module):
         devices = {m.qweight.device for m in layers}
         if len(devices) > 1:
             raise ArgumentError(f"concat needs layers on one device; got {sorted(map(str, devices))}")
-        perms = [m.perm for m in layers]
-        if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
+        if not all(_same_permutation(m.perm, first.perm) for m in layers):
             raise ArgumentError("concat needs one act-order permutation for all layers (the activations are permuted "
                                 "once per call); these layers' g_idx orders differ")
         out = cls(first.in_features, sum(m.out_features for m in layers), group_size=first.group_size,
@@ -276,7 +280,7 @@ class QuantLinear(nn.Module):
             out.bias = torch.cat([m.bias if m.bias is not None else
                                   torch.zeros(m.out_features, dtype=first.dtype, device=first.qweight.device)
                                   for m in layers])
-        out.perm = perms[0]
+        out.perm = first.perm
         out.out_splits = tuple(n for m in layers for n in m.out_splits)
         return out
 
@@ -365,7 +369,7 @@ class QuantGatedLinear(nn.Module):
         if gate.qweight.device != up.qweight.device:
             raise ArgumentError(f"the gate and up layers must be on one device; got {gate.qweight.device} and "
                                 f"{up.qweight.device}")
-        if (gate.perm is None) != (up.perm is None) or (gate.perm is not None and not torch.equal(gate.perm, up.perm)):
+        if not _same_permutation(gate.perm, up.perm):
             raise ArgumentError("the gate and up layers need one act-order permutation (the activations are "
                                 "permuted once per call); their g_idx orders differ")
         out = cls(gate.in_features, gate.out_features, group_size=gate.group_size, weight_format=gate.weight_format,

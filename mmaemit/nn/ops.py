@@ -86,25 +86,38 @@ def dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_
 def dequant_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
     """The exact CPU reference of :func:`dequant_linear` (any device): float64 dequantization of the kernel-layout
     tensors, float32 product, one rounding to x's dtype."""
+    return _reference_product(x, qweight, scales, zeros, group_size, weight_format, zeros_mode).to(x.dtype).to(x.device)
+
+
+def _reference_product(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
+    """x [M, K] @ W^T in float32 on the CPU, W the kernel-layout tensors dequantized in float64."""
     w = dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_mode)
-    y = x.cpu().float() @ w.float().T
-    return y.to(x.dtype).to(x.device)
+    return x.cpu().float() @ w.float().T
+
+
+def _dequant_call(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act):
+    """Both ops: the reference on the CPU (unless MMAEMIT_INTERPRET), else the shared DequantGemm (gated by ``act``
+    unless it is None)."""
+    if x.dim() != 2:
+        raise ArgumentError(f"x must be 2-D [M, K], got {tuple(x.shape)}")
+    N, K = qweight.shape[0] * 16, x.shape[1]
+    args = (qweight, scales, zeros, group_size, weight_format, zeros_mode)
+    if x.device.type != "cuda" and os.environ.get("MMAEMIT_INTERPRET", "") in ("", "0"):
+        if act is None:
+            return dequant_linear_reference(x, *args)
+        return dequant_gated_linear_reference(x, *args, act)
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    g = gemm_for(N, K, group_size, x.dtype, weight_format, zeros_mode, x.device, gated=act)
+    out = torch.empty((x.shape[0], g.n_out), dtype=x.dtype, device=x.device)
+    return g(x, qweight, scales, zeros, out=out)
 
 
 @torch.library.custom_op("mmaemit::dequant_linear", mutates_args=())
 def dequant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
                    group_size: int, weight_format: str, zeros_mode: str) -> torch.Tensor:
-    if x.dim() != 2:
-        raise ArgumentError(f"x must be 2-D [M, K], got {tuple(x.shape)}")
-    N, K = qweight.shape[0] * 16, x.shape[1]
-    if x.device.type != "cuda" and os.environ.get("MMAEMIT_INTERPRET", "") in ("", "0"):
-        return dequant_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode)
-    x = x.contiguous()
-    if x.data_ptr() % 16:
-        x = x.clone()
-    g = gemm_for(N, K, group_size, x.dtype, weight_format, zeros_mode, x.device)
-    out = torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)
-    return g(x, qweight, scales, zeros, out=out)
+    return _dequant_call(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, None)
 
 
 @dequant_linear.register_fake
@@ -115,8 +128,7 @@ def _(x, qweight, scales, zeros, group_size, weight_format, zeros_mode):
 def dequant_gated_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act):
     """The exact CPU reference of :func:`dequant_gated_linear`: the float64-dequantized interleaved weight, the
     float32 product, ``act(gate) * up`` in float32, one rounding to x's dtype."""
-    w = dequantized_weight(qweight, scales, zeros, group_size, weight_format, zeros_mode)
-    y = x.cpu().float() @ w.float().T
+    y = _reference_product(x, qweight, scales, zeros, group_size, weight_format, zeros_mode)
     return gate_torch(act, *split_gated(y)).to(x.dtype).to(x.device)
 
 
@@ -126,17 +138,7 @@ def dequant_gated_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     """y [M, N/2] = act(x @ Wg^T) * (x @ Wu^T) over gate / up weights interleaved by 16 rows
     (:mod:`mmaemit.kernels.gated`; qweight etc. as :func:`dequant_linear`, N = qweight.shape[0] * 16 rows)."""
     check_gate(act)
-    if x.dim() != 2:
-        raise ArgumentError(f"x must be 2-D [M, K], got {tuple(x.shape)}")
-    N, K = qweight.shape[0] * 16, x.shape[1]
-    if x.device.type != "cuda" and os.environ.get("MMAEMIT_INTERPRET", "") in ("", "0"):
-        return dequant_gated_linear_reference(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act)
-    x = x.contiguous()
-    if x.data_ptr() % 16:
-        x = x.clone()
-    g = gemm_for(N, K, group_size, x.dtype, weight_format, zeros_mode, x.device, gated=act)
-    out = torch.empty((x.shape[0], N // 2), dtype=x.dtype, device=x.device)
-    return g(x, qweight, scales, zeros, out=out)
+    return _dequant_call(x, qweight, scales, zeros, group_size, weight_format, zeros_mode, act)
 
 
 @dequant_gated_linear.register_fake
