@@ -167,6 +167,10 @@ QSCHEMES = [QuantScheme("uint4", 128, "original"), QuantScheme("uint4", 32, "res
 @pytest.mark.parametrize("wdtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("scheme", QSCHEMES, ids=lambda s: f"{s.format}-{s.group_size}-{s.zeros_mode}")
 def test_quantize_integer_formats_is_rtn(scheme, wdtype):
+    # seeded: unseeded, a run now and then (a row factor below ~3e-5: roughly one run in a few hundred) drew a row whose
+    # fp16 scale fell below fp16's normal range, where its spacing (2^-24) exceeds the rtol 2^-7 checked below (the
+    # uint8 / fp16 case failed so in a CI run of 2026-11-27)
+    torch.manual_seed(7)
     k = 384 if scheme.group_size != 96 else 288
     w = (torch.randn(N, k) * torch.rand(N, 1) * 3).to(wdtype)
     qw = quantize(w, scheme, storage="int8" if scheme.bits < 8 else "int32")
