@@ -192,6 +192,10 @@ ROUNDTRIPS = {
                coords=(0, 2, 0, 1, 0), store=(0, 0, 1, 0, 2), swizzle=0),
     "nan_fill": dict(dims=(12, 6), strides=(48,), box=(8, 4), es=(1, 1), coords=(8, 4), store=(0, 0), swizzle=0,
                      dtype="float32", oob_fill=1),
+    # a [40, 192] matrix as (64 columns, 40 rows, 3 column chunks): strides out of order (a row 384 B, a chunk 128 B),
+    # the box two chunks of 32 rows from row 16 (8 rows past the end), the fused dequant kernel's activation box
+    "3d_chunk_view": dict(dims=(64, 40, 3), strides=(384, 128), box=(64, 32, 2), es=(1, 1, 1), coords=(0, 16, 1),
+                          store=(0, 0, 0), swizzle=3),
 }
 # Coordinates are innermost first (as the PTX instruction takes them). ROUNDTRIPS are legal on the H100 and also run
 # there (test_tma_roundtrip_on_gpu_matches_the_interpreter); the variants below were measured on the H100 too
@@ -406,6 +410,39 @@ def test_tma_tile_refuses_constant_coordinates_the_h100_rejects():
         _tile_store_kernel((96,), (128,), (64,))
     with pytest.raises(TileShapeError, match=r"TmaTile.load: a rank-1 TMA load .*coordinates \[60\]"):
         TmaTile((100,), "float16", (64,)).load(None, None, (60,), None)     # refused before any code
+
+
+def test_tma_tile_view_strides_are_checked():
+    """``TmaTile(strides=...)``: a view of a dense buffer in any stride order (byte strides innermost first, as the
+    encoder takes them); bad strides and a view past its buffer are refused with the rule."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from mmaemit.pipeline import TmaTile
+
+    m = tvm.tirx.Var("m", "int32")
+    view = TmaTile((3, m, 64), "float16", (2, 32, 64), 128, strides=(64, 192, 1))
+    assert view.byte_strides() == (384, 128) and view.box_bytes == 2 * 32 * 64 * 2
+    assert TmaTile((3, 40, 64), "float16", (2, 32, 64), strides=(64, 192, 1)).byte_strides() == (384, 128)
+    for strides, words in (((64, 192), "one positive element stride per dimension"),
+                           ((64, 192, 2), "the innermost 1"), ((4, 192, 1), "multiple of 16")):
+        with pytest.raises(TileShapeError, match=words):
+            TmaTile((3, 40, 64), "float16", (2, 32, 64), strides=strides)
+    assert view._view_fits([m, 192])
+    assert not view._view_fits([m, 128])                      # three 64-column chunks need 192 columns
+    assert not view._view_fits([40, 192])                     # the view's symbolic rows are not the buffer's
+    assert not TmaTile((3, m, 64), "float16", (2, 32, 64), strides=(64, 96, 1))._view_fits([m, 192])
+
+    def kernel(rows):
+        @T.prim_func
+        def f(A: T.Buffer((m, rows), "float16")):
+            view.encode(A)
+            T.device_entry()
+            T.evaluate(0)
+        return f
+    kernel(192)
+    with pytest.raises(Exception, match=r"this tensor map describes \[3, m, 64\] float16"):
+        kernel(160)
 
 
 def test_tma_prefetch_is_checked_and_leaves_memory_alone():

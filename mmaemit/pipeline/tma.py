@@ -75,6 +75,12 @@ class TmaTile:
 
     ``multicast``: the cluster size a multicast load spreads over (1 = no multicast). ``l2_promotion``: 0, 64, 128 or
     256 bytes. ``oob_fill``: ``"zero"`` or ``"nan"``.
+
+    ``strides``: None for a dense row-major tensor (each dimension's stride the product of the inner extents), or the
+    element stride of every dimension, outermost first, the innermost 1: the map is then a *view* of the buffer it
+    encodes, its dimensions in any stride order, e.g. ``(K // 64, M, 64)`` with strides ``(64, K, 1)`` over an
+    ``[M, K]`` matrix, whose box ``(c, rows, 64)`` lands ``c`` column chunks of ``rows`` x 64 one after another in
+    shared memory (one copy instead of ``c``). Any dimension of a view may be symbolic.
     """
 
     global_shape: tuple
@@ -84,15 +90,19 @@ class TmaTile:
     oob_fill: str = "zero"
     l2_promotion: int = 128
     multicast: int = 1
+    strides: tuple | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", _dt.canonical(self.dtype))
-        # the outermost dimension may be a TIR expression (a symbolic row count, e.g. a dynamic M): the host code
-        # encodes the map from the argument's shape at every launch
+        # the outermost dimension (any dimension of a view with explicit strides) may be a TIR expression (a symbolic
+        # row count, e.g. a dynamic M): the host code encodes the map from the argument's shape at every launch
+        view = self.strides is not None
         dims = tuple(self.global_shape)
-        object.__setattr__(self, "global_shape", tuple(d if i == 0 and _symbolic(d) else int(d)
+        object.__setattr__(self, "global_shape", tuple(d if (i == 0 or view) and _symbolic(d) else int(d)
                                                        for i, d in enumerate(dims)))
         object.__setattr__(self, "box", tuple(int(b) for b in self.box))
+        if view:
+            object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
         self._validate()
 
     # -- construction -------------------------------------------------------------------------------------------
@@ -110,7 +120,8 @@ class TmaTile:
                 f"addresses in {sw}-byte rows, so a box row holds at most {sw} bytes. Split the tile into "
                 f"{layout.row_bytes // sw} column atoms of {sw * 8 // layout.elem_bits} elements (a layout of shape "
                 f"(..., {layout.row_bytes // sw}, {rows}, {sw * 8 // layout.elem_bits})) and load one box per atom")
-        gs = tuple(d if i == 0 and _symbolic(d) else int(d) for i, d in enumerate(global_shape))
+        view = kw.get("strides") is not None
+        gs = tuple(d if (i == 0 or view) and _symbolic(d) else int(d) for i, d in enumerate(global_shape))
         if len(gs) < 2:
             box = (cols,)
             if rows != 1:
@@ -147,6 +158,8 @@ class TmaTile:
 
     def byte_strides(self) -> tuple:
         """Byte strides of the dimensions above the innermost, innermost-first (what the encoder takes)."""
+        if self.strides is not None:
+            return tuple(st * self.elem_bytes for st in reversed(self.strides[:-1]))
         strides, acc = [], self.elem_bytes
         for d in reversed(self.global_shape[1:]):
             acc *= d
@@ -166,8 +179,16 @@ class TmaTile:
                 continue
             if not 1 <= d <= 2 ** 32:
                 raise TileShapeError(f"global dimension {d} of {self.global_shape} is outside [1, 2^32]")
+        if self.strides is not None:
+            if len(self.strides) != r or self.strides[-1] != 1 or any(st < 1 for st in self.strides):
+                raise TileShapeError(f"strides {self.strides}: one positive element stride per dimension "
+                                     f"(outermost first), the innermost 1 (TMA reads rows contiguously)")
+            for st in self.byte_strides():
+                if st % 16:
+                    raise TileShapeError(f"strides {self.strides}: a byte stride of {st} is not a multiple of 16 "
+                                         f"bytes, which TMA needs")
         inner_bytes = self.global_shape[-1] * self.elem_bytes
-        if r > 1 and inner_bytes % 16:
+        if r > 1 and self.strides is None and inner_bytes % 16:
             raise TileShapeError(
                 f"the innermost global dimension holds {inner_bytes} bytes ({self.global_shape[-1]} x {self.dtype}); "
                 f"TMA needs every row stride to be a multiple of 16 bytes, i.e. a multiple of "
@@ -207,9 +228,12 @@ class TmaTile:
         from tvm.tirx.script.builder import ir as IRB
 
         shape = [d if _symbolic(d) else int(d) for d in buffer.shape]
-        same = len(shape) == self.rank and all(
-            (a.same_as(b) if _symbolic(a) and _symbolic(b) else (not _symbolic(a) and not _symbolic(b) and a == b))
-            for a, b in zip(shape, self.global_shape))
+        if self.strides is not None:
+            same = self._view_fits(shape)
+        else:
+            same = len(shape) == self.rank and all(
+                (a.same_as(b) if _symbolic(a) and _symbolic(b) else (not _symbolic(a) and not _symbolic(b) and a == b))
+                for a, b in zip(shape, self.global_shape))
         if not same or _dt.canonical(str(buffer.dtype)) != self.dtype:
             raise TileShapeError(f"buffer {buffer.name} is {shape} {buffer.dtype}; this tensor map describes "
                                  f"{list(self.global_shape)} {self.dtype}")
@@ -220,6 +244,28 @@ class TmaTile:
             descriptor_dtype=self.dtype, rank=r, interleave=0, swizzle=SWIZZLE_MODES[self.swizzle_bytes],
             l2_promotion=L2_PROMOTIONS[self.l2_promotion], oob_fill=OOB_FILLS[self.oob_fill])))
         return tmap
+
+    def _view_fits(self, shape) -> bool:
+        """Whether this view stays inside a dense buffer of ``shape``: the same symbolic variables appear in both (a
+        view's symbolic dimension is one of the buffer's, used once), and with the symbolic extents set to 1 in both
+        the view's last element lies inside the buffer (a view that fits at one row fits at every row count where
+        each symbolic view dimension strides over whole buffer rows, as a row index does)."""
+        sym_b = [d for d in shape if _symbolic(d)]
+        sym_v = [d for d in self.global_shape if _symbolic(d)]
+        if len(sym_b) != len(sym_v) or not all(any(a.same_as(b) for b in sym_b) for a in sym_v):
+            return False
+        numel = 1
+        for d in shape:
+            numel *= 1 if _symbolic(d) else d
+        dense = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            dense[i] = dense[i + 1] * (1 if _symbolic(shape[i + 1]) else shape[i + 1])
+        for d, st in zip(self.global_shape, self.strides):
+            if _symbolic(d) and not any(b.same_as(d) and st == dense[i] for i, b in enumerate(shape)
+                                        if _symbolic(b)):
+                return False
+        last = sum((d - 1) * st for d, st in zip(self.global_shape, self.strides) if not _symbolic(d))
+        return last < numel
 
     def _coords(self, coords, *, store, op=None):
         from tvm.script import tirx as T
