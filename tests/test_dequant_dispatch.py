@@ -230,9 +230,10 @@ def test_dispatcher_plan():
 
 
 def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
-    """fused32 / 48 / 64 stage 4 chunks (K a multiple of 512 with two consumers sharing K), fused96 / 128 / 128x2
-    two; for other K the defaults take 2 chunks per stage (K a multiple of 256) or 1 (128), else the path leaves the
-    plan; a config the caller passes is never changed."""
+    """fused32 / 48 / 64 stage 4 chunks (K a multiple of 512 with two consumers sharing K; fused32 has four where K
+    is a multiple of 1024, for weights up to 4 bits), fused96 / 128 / 128x2 two; for other K the defaults take 2
+    chunks per stage (K a multiple of 256) or 1 (128), else the path leaves the plan; a config the caller passes is
+    never changed."""
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
     def cps(K, **kw):
@@ -240,6 +241,10 @@ def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
         return [(dg.configs[p].chunks_per_stage, dg.configs[p].stages)
                 for p in ("fused32", "fused64", "fused96", "fused128x2")], [r[0] for r in dg.ranges]
     assert cps(8192)[0] == [(4, 8), (4, 4), (2, 6), (2, 4)]
+    fused32 = [DequantGemm(8192, K, arch="sm_90a", group_size=-1, **kw).configs["fused32"]
+               for K, kw in ((8192, {}), (8704, {}), (11008, {}), (8192, dict(weight_format="int8")))]
+    assert [(c.consumers, c.chunks_per_stage, c.consumer_regs) for c in fused32] == \
+        [(4, 4, 112), (2, 4, 232), (2, 2, 232), (2, 2, 232)]
     assert cps(11008)[0] == [(2, 8), (2, 6), (2, 6), (2, 4)]  # Llama-2-7B's intermediate size: 43 x 256
     assert cps(8320)[0] == [(1, 8), (1, 8), (1, 8), (2, 4)]   # 65 x 128 (fused128x2: no k_split, 2 chunks fit)
     cfgs, paths = cps(8256)                                   # 129 chunks: no k_split path divides it

@@ -170,6 +170,8 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(in_flight=2), **ok)
     with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
         make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
+    with pytest.raises(UnsupportedConfigError, match=r"activation_boxes='tile'; valid: 'chunk', 'stage'"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(activation_boxes="tile"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"chunks_per_stage=3; valid: 1, 2, 4"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(chunks_per_stage=3), **ok)
     with pytest.raises(TileShapeError, match="chunks_per_stage=2 needs K a multiple of 128"):
@@ -201,25 +203,28 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 576, config=HopperDequantConfig(k_split=True), group_size=-1)
 
 
-@pytest.mark.parametrize("M, k, in_flight, sms, k_split, producers, consumers, cps", [
-    (70, 512, 1, 1, True, 1, 2, 1), (33, 640, 1, 2, True, 2, 2, 1), (20, 512, 0, 1, True, 1, 2, 2),
-    (70, 576, 1, 1, False, 2, 2, 1), (40, 768, 1, 1, True, 1, 4, 1), (17, 512, 1, 2, True, 2, 4, 2),
-    (5, 256, 0, 1, True, 1, 4, 1), (70, 512, 1, 1, True, 1, 2, 4), (40, 1024, 1, 2, True, 1, 2, 2),
-    (33, 768, 1, 1, False, 1, 2, 2), (21, 768, 1, 1, False, 1, 2, 2)])
-def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, producers, consumers, cps):
+@pytest.mark.parametrize("M, k, in_flight, sms, k_split, producers, consumers, cps, xb", [
+    (70, 512, 1, 1, True, 1, 2, 1, "chunk"), (33, 640, 1, 2, True, 2, 2, 1, "stage"),
+    (20, 512, 0, 1, True, 1, 2, 2, "stage"), (70, 576, 1, 1, False, 2, 2, 1, "chunk"),
+    (40, 768, 1, 1, True, 1, 4, 1, "chunk"), (17, 512, 1, 2, True, 2, 4, 2, "chunk"),
+    (5, 256, 0, 1, True, 1, 4, 1, "chunk"), (70, 512, 1, 1, True, 1, 2, 4, "stage"),
+    (40, 1024, 1, 2, True, 1, 2, 2, "chunk"), (33, 768, 1, 1, False, 1, 2, 2, "stage"),
+    (21, 768, 1, 1, False, 1, 2, 2, "chunk")])
+def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, producers, consumers, cps, xb):
     """k_split: two consumer warpgroups on the same 64 weight rows, even / odd chunks, sums added through shared
     memory; one persistent CTA walks both N tiles (the hand-over buffer reused across tiles); K=640: 5 chunks per
     consumer (the single peeled tail chunk); in_flight 0 and 1. producers=2: two threads fill alternate stages (K=576:
     an odd chunk count, the producers issue 5 and 4). 4 consumers: chunks dealt round robin (K=768: 3 each, a pair
     and the peeled tail; K=256: one each), three hand-overs through shared memory. cps: chunks per ring stage (2 or
     4; group 128 with 4: one scale box of two groups per stage; per-column scales: one box; group 192 with 2: one
-    scale box per chunk), with and without k_split."""
+    scale box per chunk), with and without k_split. xb: the activations as one box per chunk or one 3-D box per
+    stage (rows past M zero-filled in both; "stage" with one chunk per stage is the per-chunk box)."""
     group = 128 if k == 512 else (192 if M == 21 else -1)
     args, kw, ref = _problem(M, 128, k, group, torch.float16, seed=M)
     cfg = HopperDequantConfig(block_m=32, consumers=consumers, k_split=k_split,
                               stages=2 + 2 * producers if consumers == 2 else 6, num_sms=sms,
                               consumer_regs=232 if consumers == 2 else 112, producer_regs=40 if consumers == 2 else 24,
-                              in_flight=in_flight, producers=producers, chunks_per_stage=cps)
+                              in_flight=in_flight, producers=producers, chunks_per_stage=cps, activation_boxes=xb)
     func, _ = make_dequant_gemm_hopper(None, 128, k, config=cfg, **kw)
     C = torch.full((M, 128), float("nan"), dtype=torch.float16)
     assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok

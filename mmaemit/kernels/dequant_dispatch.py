@@ -131,7 +131,8 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "hopper_mid": HopperGemmConfig(block_n=128), "wgmma": WgmmaConfig(64, 2, 1, 4),
              "fused8": HopperDequantConfig(block_m=8, consumers=2, stages=6, k_split=True, chunks_per_stage=4),
              "fused16": HopperDequantConfig(block_m=16, consumers=2, stages=6, k_split=True, chunks_per_stage=4),
-             "fused32": HopperDequantConfig(block_m=32, consumers=2, stages=8, k_split=True, chunks_per_stage=4),
+             "fused32": HopperDequantConfig(block_m=32, consumers=4, stages=8, k_split=True, chunks_per_stage=4,
+                                            consumer_regs=112, producer_regs=24),
              "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=5, k_split=True, chunks_per_stage=4),
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2),
@@ -141,17 +142,25 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
 
 
-#: (chunks per stage, stages) of the default fused configs for 8-bit weights, whose weight boxes are twice the
-#: 4-bit ones: fewer chunks per stage, deeper rings (H100, 8192^2 int8: fused128 39.2 us against 44.8 with 2 x 4,
+def _ring(cps, stages, **kw) -> dict:
+    return dict(chunks_per_stage=cps, stages=stages, **kw)
+
+
+#: fused32's two-consumer shape (the 4-consumer default needs K a multiple of 1024 and 4-bit or narrower weights)
+_TWO_CONSUMERS = dict(consumers=2, consumer_regs=232, producer_regs=40)
+#: the default fused configs' ring shapes (chunks per stage, stages) for 8-bit weights, whose weight boxes are twice
+#: the 4-bit ones: fewer chunks per stage, deeper rings (H100, 8192^2 int8: fused128 39.2 us against 44.8 with 2 x 4,
 #: fused32 30.1 against 30.8 with 4 x 6; docs/perf-notes.md, fifth session)
-_FUSED_8BIT = {"fused8": (2, 8), "fused16": (2, 8), "fused32": (2, 8), "fused48": (2, 8), "fused64": (2, 6),
-               "fused96": (1, 8), "fused128": (1, 8)}
-#: fallbacks (chunks per stage, stages) of the default fused configs for K that is not a multiple of their
-#: ``HopperDequantConfig.k_multiple``: fewer chunks per stage, deeper rings (H100 measurements, ``docs/perf-notes.md``,
-#: "Fourth session")
-_FUSED_K_FALLBACKS = {"fused8": ((2, 8), (1, 8)), "fused16": ((2, 8), (1, 8)), "fused32": ((2, 8), (1, 8)),
-                      "fused48": ((2, 8), (1, 8)), "fused64": ((2, 6), (1, 8)), "fused96": ((1, 8),),
-                      "fused128": ((1, 8),), "fused128x2": ((1, 6),)}
+_FUSED_8BIT = {"fused8": _ring(2, 8), "fused16": _ring(2, 8), "fused32": _ring(2, 8, **_TWO_CONSUMERS),
+               "fused48": _ring(2, 8), "fused64": _ring(2, 6), "fused96": _ring(1, 8), "fused128": _ring(1, 8)}
+#: fallbacks of the default fused configs for K that is not a multiple of their ``HopperDequantConfig.k_multiple``,
+#: first that fits: fewer chunks per stage, deeper rings (H100 measurements, ``docs/perf-notes.md``, "Fourth session";
+#: fused32 with 4 consumers and 2 chunks per stage lost to 2 consumers with 4, 22.4 against 21.0 us, eighth session)
+_FUSED_K_FALLBACKS = {"fused8": (_ring(2, 8), _ring(1, 8)), "fused16": (_ring(2, 8), _ring(1, 8)),
+                      "fused32": (_ring(4, 8, **_TWO_CONSUMERS), _ring(2, 8, **_TWO_CONSUMERS),
+                                  _ring(1, 8, **_TWO_CONSUMERS)),
+                      "fused48": (_ring(2, 8), _ring(1, 8)), "fused64": (_ring(2, 6), _ring(1, 8)),
+                      "fused96": (_ring(1, 8),), "fused128": (_ring(1, 8),), "fused128x2": (_ring(1, 6),)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -245,11 +254,10 @@ class DequantGemm:
         ``_fits``); then fewer stages while the ring exceeds shared memory (8-bit weight boxes), down to
         ``min_stages``."""
         if self.bits == 8 and path in _FUSED_8BIT:
-            cps, stages = _FUSED_8BIT[path]
-            cfg = dataclasses.replace(cfg, chunks_per_stage=cps, stages=stages)
+            cfg = dataclasses.replace(cfg, **_FUSED_8BIT[path])
         if self.K % cfg.k_multiple:
-            for cps, stages in _FUSED_K_FALLBACKS.get(path, ()):
-                alt = dataclasses.replace(cfg, chunks_per_stage=cps, stages=stages)
+            for ring in _FUSED_K_FALLBACKS.get(path, ()):
+                alt = dataclasses.replace(cfg, **ring)
                 if self.K % alt.k_multiple == 0:
                     cfg = alt
                     break

@@ -61,13 +61,15 @@ from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import WEIGHT_FORMATS
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
-           "fused_smem_bytes", "scale_boxes"]
+           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
 #: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
 #: ``zeros_mode``) for the unsigned formats. int4_ob is what symmetric GPTQ checkpoints import as; asymmetric GPTQ
 #: and AWQ import as uint4 with zeros.
 HOPPER_FUSED_FORMATS = WEIGHT_FORMATS
+#: how a ring stage's activations travel (``HopperDequantConfig.activation_boxes``)
+ACTIVATION_BOXES = ("chunk", "stage")
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,10 @@ class HopperDequantConfig:
     every ``producers``-th chunk (its own stages; ``stages`` a multiple of ``producers``): per chunk a producer waits
     on an mbarrier, arms one and issues three TMA copies.
     ``chunks_per_stage`` (1, 2 or 4): 64-wide K chunks per ring stage: one barrier round, one weight box and one
-    scale box (per group in the stage) for that many chunks, the activations one box per chunk; stages then hold
-    that many times the bytes. With ``k_split`` the consumers take whole stages round robin (K a multiple of
-    64 x chunks_per_stage x consumers)."""
+    scale box (per group in the stage) for that many chunks; stages then hold that many times the bytes. With
+    ``k_split`` the consumers take whole stages round robin (K a multiple of 64 x chunks_per_stage x consumers).
+    ``activation_boxes``: ``"chunk"`` loads a stage's activations as one TMA box per chunk; ``"stage"`` as one box
+    for all its chunks (a 3-D view of A, [K / 64, M, 64], whose box lands the chunk tiles one after another)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -102,6 +105,7 @@ class HopperDequantConfig:
     k_split: bool = False
     producers: int = 1
     chunks_per_stage: int = 1
+    activation_boxes: str = "stage"
 
     @property
     def k_multiple(self) -> int:
@@ -316,7 +320,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                             stages=(ST, CPS), arch=arch)
     if em.k_steps != KSTEPS:
         raise AssertionError(f"{em.k_steps} wgmma k steps per chunk, expected {KSTEPS}")
-    x_map_t = TmaTile.for_layout((M, K), em.shared_layout("B"))                 # activations: the wgmma B tile
+    if cfg.activation_boxes not in ACTIVATION_BOXES:
+        raise UnsupportedConfigError(f"activation_boxes={cfg.activation_boxes!r}; valid: {choices(ACTIVATION_BOXES)}")
+    XST = cfg.activation_boxes == "stage" and CPS > 1        # one activation box per stage
+    if XST:
+        # A [M, K] viewed as [K / 64, M, 64]: the box's CPS chunk tiles of BT x 64 land one after another, Xs[s]
+        x_map_t = TmaTile.for_layout((KT, M, CHUNK), em.shared_layout("B"), box_outer=(CPS,), strides=(CHUNK, K, 1))
+    else:
+        x_map_t = TmaTile.for_layout((M, K), em.shared_layout("B"))             # activations: the wgmma B tile
     # packed words, plain order: a tile's n16 block and chunk is 32 x WPC contiguous words, one box row of 128 x bits
     # bytes (measured at 4 bits: 3 % faster than the same box with 16-byte rows, [.., 32, WPC])
     w_map_t = TmaTile((N // 16, KT, 32 * WPC), "int32", (NB, CPS, 32 * WPC))
@@ -329,7 +340,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
     NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
     RED_BYTES = (NC - 1) * 128 * NACC * 4 if KS else 0
-    STAGE_BYTES = CPS * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
+    STAGE_BYTES = (1 if XST else CPS) * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     if smem != ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048:
         raise AssertionError("fused_smem_bytes disagrees with the kernel's boxes")
@@ -527,9 +538,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         if it % NP == p:
                             ring.producer_acquire(it)
                             ring.producer_expect(it, STAGE_BYTES)
-                            for j in range(CPS):
-                                x_map_t.load(Xs.ptr_to([s, j, 0, 0]), x_map, (tm * BT, (u * CPS + j) * CHUNK),
+                            if XST:
+                                x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), x_map, (u * CPS, tm * BT, 0),
                                              ring.full_ptr(it))
+                            else:
+                                for j in range(CPS):
+                                    x_map_t.load(Xs.ptr_to([s, j, 0, 0]), x_map, (tm * BT, (u * CPS + j) * CHUNK),
+                                                 ring.full_ptr(it))
                             w_map_t.load(Ws.ptr_to([s, 0, 0, 0, 0]), w_map, (tn * NB, u * CPS, 0), ring.full_ptr(it))
                             for j in range(SPS):
                                 s_map_t.load(Ss.ptr_to([s, j, 0, 0, 0]), s_map,
