@@ -49,10 +49,12 @@ scale FMA), plus three table / hardware paths:
 * float8_e5m2 -> f16: ``prmt`` of the byte into the high byte of each half (f16 == e5m2 << 8).
 * nf4 -> f16 / bf16, mode "none" (what the GEMV uses: its scales multiply the fp32 partial sums): a 16-entry LUT of
   the once-rounded table values from two byte planes. Per pair of output registers, ``prmt`` looks the low and the
-  high bytes up in 8-byte tables (codes 0-7 and 8-15, the code's low three bits as selectors), one ``prmt`` per
-  plane picks table a or b per byte by code bit 3, and two ``prmt`` pair low with high bytes: 24 ops per word
-  against 164 for the reference converter, the same bits.
-* nf4 -> f16 / bf16, mode "scale": the same 24 word ops reading the planes from registers, one table per weight row.
+  high bytes up in 8-byte tables (codes 0-7 and 8-15, the code's low three bits as selectors), one ``lop3`` per
+  plane picks table a or b per byte by a byte mask of code bit 3 (two ``prmt`` in sign-replication mode make the
+  masks of a word), and two ``prmt`` pair low with high bytes: 23 ops per word (15 ``prmt``) against 164 for the
+  reference converter, the same bits. (Picking with ``prmt`` instead, 24 ops with 17 ``prmt``, ran 5 % slower in the
+  GEMV on the H100: ``prmt`` issues at a lower rate than ``lop3``.)
+* nf4 -> f16 / bf16, mode "scale": the same 23 word ops reading the planes from registers, one table per weight row.
   The operand stage builds, from a row's scale S, the table ``table[c] * S`` with every entry rounded ONCE (the
   reference's value): a float32 product, exact after one ``cvt.rn`` for every finite bf16 scale and, with f16
   scales, for 15 of the 16 codes (all 65536 scale patterns tried: code 2, -0.5251, double-rounds for 58 f16
@@ -420,13 +422,17 @@ def _build_fast(b: _Builder, fmt: Format, dtype: str, mode: str, arch, variant: 
         planes = ([_nf4_table_planes(dtype)] * 2 if mode == "none" else
                   [_nf4_scaled_planes(b, sp[2 * p], dtype) for p in range(2)])
         t = b.op("prmt.b32", "w", "w", 0x3120)          # nibbles (n0, n1, n4, n5 | n2, n3, n6, n7)
-        for (lo_a, lo_b, hi_a, hi_b), s_, regs in zip(planes, (t, b.op("shr.b32", t, 16)), ((0, 1), (2, 3))):
+        # code bit 3 as byte masks, by prmt's sign-replication mode: t << 4 puts n0, n4, n2, n6's bit 3 at the top
+        # of bytes 0..3, t has n1, n5, n3, n7's there; byte k of a mask is 0xFF where code k takes table b
+        u = b.op("shl.b32", t, 4)
+        masks = (b.op("prmt.b32", u, t, 0xD9C8), b.op("prmt.b32", u, t, 0xFBEA))     # (n0, n1, n4, n5) / (n2, ..)
+        for (lo_a, lo_b, hi_a, hi_b), s_, m, regs in zip(planes, (t, b.op("shr.b32", t, 16)), masks,
+                                                          ((0, 1), (2, 3))):
             idx = b.op("lop3.b32", s_, 0x7777, 0, _AND)                      # low three bits: byte selectors
-            pick = b.op("lop3.b32", b.op("shr.b32", s_, 1), 0x4444, 0x3210, _AND_OR)   # byte k from a or b (+4)
-            lo = b.op("prmt.b32", b.op("prmt.b32", lo_a[0], lo_a[1], idx), b.op("prmt.b32", lo_b[0], lo_b[1], idx),
-                      pick)
-            hi = b.op("prmt.b32", b.op("prmt.b32", hi_a[0], hi_a[1], idx), b.op("prmt.b32", hi_b[0], hi_b[1], idx),
-                      pick)
+            lo = b.op("lop3.b32", b.op("prmt.b32", lo_a[0], lo_a[1], idx), b.op("prmt.b32", lo_b[0], lo_b[1], idx),
+                      m, _SEL_C)
+            hi = b.op("lop3.b32", b.op("prmt.b32", hi_a[0], hi_a[1], idx), b.op("prmt.b32", hi_b[0], hi_b[1], idx),
+                      m, _SEL_C)
             b.op("prmt.b32", lo, hi, 0x6240, dst=out[regs[0]])               # (n0, n4) / (n2, n6)
             b.op("prmt.b32", lo, hi, 0x7351, dst=out[regs[1]])               # (n1, n5) / (n3, n7)
     elif fmt.name in ("float4_e2m1fn", "nvfp4"):
@@ -691,7 +697,7 @@ class DecodeProgram:
     @property
     def hoist_operands(self) -> bool:
         """Whether kernels should emit the operand stage once per scale group (:meth:`emit_operands`) instead of
-        per word: True where it is a table build (nf4 "scale" fast: 32-36 ops per row against 24 word ops); every
+        per word: True where it is a table build (nf4 "scale" fast: 32-36 ops per row against 23 word ops); every
         other operand stage is at most 3 ops per pair and kernels keep the per-word form (and their code)."""
         return self.shared_scale_slots > 1
 
