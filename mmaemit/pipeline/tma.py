@@ -235,8 +235,9 @@ class TmaTile:
                 (a.same_as(b) if _symbolic(a) and _symbolic(b) else (not _symbolic(a) and not _symbolic(b) and a == b))
                 for a, b in zip(shape, self.global_shape))
         if not same or _dt.canonical(str(buffer.dtype)) != self.dtype:
+            view = "" if self.strides is None else f" (a view with element strides {list(self.strides)})"
             raise TileShapeError(f"buffer {buffer.name} is {shape} {buffer.dtype}; this tensor map describes "
-                                 f"{list(self.global_shape)} {self.dtype}")
+                                 f"{list(self.global_shape)} {self.dtype}{view}")
         tmap = IRB.Bind(T.tvm_stack_alloca("tensormap", 1), T.TensorMap)
         r = self.rank
         IRB.add_to_parent(IRB.evaluate(T.tensormap_encode_tiled(
