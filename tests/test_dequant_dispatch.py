@@ -256,12 +256,14 @@ def test_fused_defaults_fall_back_to_fewer_chunks_per_stage_for_k():
 
 def test_gemv16_default_fills_one_wave_of_warps():
     """gemv16's warps per CTA follow the grid: N / 32 CTAs x k_slices warps nearest 16 warps per SM on 132 SMs (the
-    shapes measured on the H100), k_slices dividing K; a config the caller passes is kept."""
+    shapes measured on the H100; without a GPU 132 is assumed), k_slices dividing K; on fewer SMs the wave is
+    smaller (10240 x 8192: 8 warps on 132 SMs, 4 on an H100 PCIe's 114); a config the caller passes is kept."""
     from mmaemit.kernels.dequant_dispatch import GEMV16_CONFIGS, gemv16_config
 
     want = {(8192, 8192): 8, (28672, 8192): 4, (14336, 4096): 4, (4096, 14336): 16, (4096, 4096): 16,
             (512, 1024): 8, (64, 1024): 8}
-    assert {nk: gemv16_config(*nk).k_slices for nk in want} == want
+    assert {nk: gemv16_config(*nk, sms=132).k_slices for nk in want} == want
+    assert gemv16_config(10240, 8192, sms=132).k_slices == 8 and gemv16_config(10240, 8192, sms=114).k_slices == 4
     assert gemv16_config(4096, 14336) is GEMV16_CONFIGS[16] and gemv16_config(4096, 14336 + 1024).k_slices == 8
     assert DequantGemm(4096, 14336, arch="sm_90a").configs["gemv16"] is GEMV16_CONFIGS[16]
     mine = GemvConfig(n_blocks=2, k_slices=8, stages=3)

@@ -66,6 +66,7 @@ import dataclasses
 import functools
 import os
 
+from mmaemit.arch import device_sm_count
 from mmaemit.dtypes import canonical
 from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError, choices
 
@@ -110,19 +111,21 @@ FUSED_DENSE_M = 4096
 EXTRA_PATHS = ("wgmma",)
 #: ``gemv16``'s configs by warps per CTA (``k_slices``): 4 warps x 4 CTAs, 8 x 2, 16 x 1 per SM
 GEMV16_CONFIGS = {4: GemvConfig(2, 4, 4, 4), 8: GemvConfig(), 16: GemvConfig(2, 16, 3, 1)}
-#: warps a GEMV grid should have for one full wave: 16 per SM on a 132-SM H100
-GEMV_WAVE_WARPS = 16 * 132
+#: warps per SM a GEMV grid should have for one full wave
+GEMV_WAVE_WARPS_PER_SM = 16
 
 
-def gemv16_config(N, K) -> GemvConfig:
+def gemv16_config(N, K, sms=None) -> GemvConfig:
     """``gemv16``'s default for an N x K problem: the ``k_slices`` of :data:`GEMV16_CONFIGS` whose grid (N / 32 CTAs
-    x k_slices warps) is nearest one wave of :data:`GEMV_WAVE_WARPS` and divides K. On the H100 at M=16, int4 g128
-    (docs/perf-notes.md, seventh session): 14336 x 4096 15.8 us with 4 warps against 17.7 with 8, 4096 x 14336 15.5
-    with 16 against 18.3, 28672 x 8192 55.4-61.5 with 4 against 58.0-64.1, 8192^2 keeps 8 (17.1)."""
+    x k_slices warps) is nearest one wave of :data:`GEMV_WAVE_WARPS_PER_SM` warps on each of ``sms`` SMs (None: the
+    visible GPU's, 132 without one) and divides K. On the H100 at M=16, int4 g128 (docs/perf-notes.md, seventh
+    session): 14336 x 4096 15.8 us with 4 warps against 17.7 with 8, 4096 x 14336 15.5 with 16 against 18.3,
+    28672 x 8192 55.4-61.5 with 4 against 58.0-64.1, 8192^2 keeps 8 (17.1)."""
     fits = [ks for ks in GEMV16_CONFIGS if K % (128 * ks) == 0]
     if N % 32 or not fits:
         return GemvConfig()
-    return GEMV16_CONFIGS[min(fits, key=lambda ks: (abs(N // 32 * ks - GEMV_WAVE_WARPS), ks != 8))]
+    wave = GEMV_WAVE_WARPS_PER_SM * (device_sm_count() if sms is None else int(sms))
+    return GEMV16_CONFIGS[min(fits, key=lambda ks: (abs(N // 32 * ks - wave), ks != 8))]
 
 
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig(n_blocks=1),
