@@ -1,6 +1,7 @@
 """The fused Hopper dequant GEMM (TMA + mbarrier ring, warp-specialized, int4 decoded into RS wgmma): exact-reference
 runs on the CPU interpreter (fp16 / bf16, group 128 / per column, ragged and symbolic M), SASS shape for sm_90a,
 errors, the DequantGemm fused paths (by name) and GPU tests."""
+import dataclasses
 import functools
 
 import numpy as np
@@ -170,6 +171,8 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(in_flight=2), **ok)
     with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
         make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
+    with pytest.raises(UnsupportedConfigError, match=r"handover='tree'; valid: 'parallel', 'rounds'"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(handover="tree"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"activation_boxes='tile'; valid: 'chunk', 'stage'"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(activation_boxes="tile"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"chunks_per_stage=3; valid: 1, 2, 4"):
@@ -229,6 +232,25 @@ def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, 
     C = torch.full((M, 128), float("nan"), dtype=torch.float16)
     assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
     assert _rel(C, ref) < _tol(torch.float16)
+
+
+@pytest.mark.parametrize("M, in_flight, cps", [(40, 1, 2), (70, 0, 1)])
+def test_fused_hopper_handover_in_rounds_on_the_interpreter(M, in_flight, cps):
+    """handover="rounds": four k_split consumers pass their sums to consumer 0 through one shared slot, one consumer
+    per barrier round (the output staging tile in the same bytes), on a persistent CTA that walks both N tiles; two
+    slots less shared memory than "parallel"."""
+    from mmaemit.kernels.dequant_gemm_hopper import fused_smem_bytes
+
+    args, kw, ref = _problem(M, 128, 1024, 128, torch.float16, seed=M + 5)
+    cfg = HopperDequantConfig(block_m=32, consumers=4, k_split=True, stages=6, num_sms=1, consumer_regs=112,
+                              producer_regs=24, in_flight=in_flight, chunks_per_stage=cps, handover="rounds")
+    func, _ = make_dequant_gemm_hopper(None, 128, 1024, config=cfg, **kw)
+    C = torch.full((M, 128), float("nan"), dtype=torch.float16)
+    assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
+    assert not torch.isnan(C).any()
+    assert _rel(C, ref) < _tol(torch.float16)
+    par = dataclasses.replace(cfg, handover="parallel")
+    assert fused_smem_bytes(par, 4, 128) - fused_smem_bytes(cfg, 4, 128) == 2 * 128 * 16 * 4
 
 
 def test_dispatcher_fused_path_by_name_outside_its_range():

@@ -61,7 +61,7 @@ from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import WEIGHT_FORMATS
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
-           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES"]
+           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
 #: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
@@ -70,6 +70,8 @@ __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", 
 HOPPER_FUSED_FORMATS = WEIGHT_FORMATS
 #: how a ring stage's activations travel (``HopperDequantConfig.activation_boxes``)
 ACTIVATION_BOXES = ("chunk", "stage")
+#: how k_split consumers hand their sums to consumer 0 (``HopperDequantConfig.handover``)
+HANDOVERS = ("parallel", "rounds")
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,11 @@ class HopperDequantConfig:
     scale box (per group in the stage) for that many chunks; stages then hold that many times the bytes. With
     ``k_split`` the consumers take whole stages round robin (K a multiple of 64 x chunks_per_stage x consumers).
     ``activation_boxes``: ``"chunk"`` loads a stage's activations as one TMA box per chunk; ``"stage"`` as one box
-    for all its chunks (a 3-D view of A, [K / 64, M, 64], whose box lands the chunk tiles one after another)."""
+    for all its chunks (a 3-D view of A, [K / 64, M, 64], whose box lands the chunk tiles one after another).
+    ``handover`` (``k_split``): ``"parallel"`` gives each consumer c > 0 its own shared slot of fp32 sums, written at
+    once (``consumers - 1`` slots); ``"rounds"`` one slot, written by consumers 1, 2, ... in turn, each added by
+    consumer 0 before the next round (``consumers - 1`` barrier rounds): with 4 consumers two slots less shared
+    memory for ring stages (interpreter-checked; not yet timed on a GPU)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -106,6 +112,7 @@ class HopperDequantConfig:
     producers: int = 1
     chunks_per_stage: int = 1
     activation_boxes: str = "stage"
+    handover: str = "parallel"
 
     @property
     def k_multiple(self) -> int:
@@ -214,7 +221,8 @@ def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int, ze
     sps, gps = scale_boxes(cfg.chunks_per_stage, group_size)
     stage = (cfg.chunks_per_stage * cfg.block_m * CHUNK * 2 + nb * cfg.chunks_per_stage * 128 * bits
              + (2 if zeros else 1) * sps * nb * gps * 32)
-    tail = ((cfg.consumers - 1) * 128 * (cfg.block_m // 2) * 4 if cfg.k_split
+    slots = 1 if cfg.handover == "rounds" else cfg.consumers - 1
+    tail = (slots * 128 * (cfg.block_m // 2) * 4 if cfg.k_split
             else (rows // 64) * cfg.block_m * 64 * 2)
     return cfg.stages * stage + tail + 16 * cfg.stages + 2048
 
@@ -322,6 +330,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise AssertionError(f"{em.k_steps} wgmma k steps per chunk, expected {KSTEPS}")
     if cfg.activation_boxes not in ACTIVATION_BOXES:
         raise UnsupportedConfigError(f"activation_boxes={cfg.activation_boxes!r}; valid: {choices(ACTIVATION_BOXES)}")
+    if cfg.handover not in HANDOVERS:
+        raise UnsupportedConfigError(f"handover={cfg.handover!r}; valid: {choices(HANDOVERS)}")
     XST = cfg.activation_boxes == "stage" and CPS > 1        # one activation box per stage
     if XST:
         # A [M, K] viewed as [K / 64, M, 64]: the box's CPS chunk tiles of BT x 64 land one after another, Xs[s]
@@ -339,7 +349,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     c_map_t = TmaTile((M, N), dtype, (BT, 64))                                  # one box per consumer
     X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
     NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
-    RED_BYTES = (NC - 1) * 128 * NACC * 4 if KS else 0
+    ROUNDS = KS and cfg.handover == "rounds" and NC > 2
+    SLOTS = 1 if ROUNDS else NC - 1           # hand-over slots of 128 x NACC float32 (k_split)
+    RED_BYTES = SLOTS * 128 * NACC * 4 if KS else 0
     STAGE_BYTES = (1 if XST else CPS) * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     if smem != ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048:
@@ -513,7 +525,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         Zs = pool.alloc((ST, SPS, NB, GPS, 16), dtype, align=z_map_t.smem_alignment) if HAS_Z else Ss
         if KS:
             # the sums of consumers 1 .. NC - 1; the output staging tile Cs shares their bytes
-            Red = pool.alloc((NC - 1, NACC, 128), "float32", align=max(128, c_map_t.smem_alignment))
+            Red = pool.alloc((SLOTS, NACC, 128), "float32", align=max(128, c_map_t.smem_alignment))
             Cs = T.decl_buffer((RG, BT, 64), dtype, data=Red.data, elem_offset=Red.elem_offset * 2,  # 4 / 2 bytes
                                scope="shared.dyn")
         else:
@@ -611,16 +623,30 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     # (Cs lies in Red: the last tile's store must have read it before consumers 1 .. write Red)
                     if c == 0:
                         bulk_wait(0, read=True)
-                    T.ptx.bar.sync(T.uint32(3), T.uint32(128 * NC))
-                    if c > 0:
-                        for i in T.unroll(NACC):
-                            Red[c - 1, i, tid] = acc[i]
-                    T.ptx.bar.sync(T.uint32(4), T.uint32(128 * NC))
-                    if c == 0:
-                        for i in T.unroll(NACC):
-                            for o in T.unroll(NC - 1):
-                                acc[i] = acc[i] + Red[o, i, tid]
-                        epilogue(Cs, c_map, acc, tm, tn, 0, tid)
+                    if ROUNDS:
+                        # one slot: consumer o + 1 writes it in round o, consumer 0 adds it before the next round
+                        for o in T.unroll(NC - 1):
+                            T.ptx.bar.sync(T.uint32(3), T.uint32(128 * NC))
+                            if c == o + 1:
+                                for i in T.unroll(NACC):
+                                    Red[0, i, tid] = acc[i]
+                            T.ptx.bar.sync(T.uint32(4), T.uint32(128 * NC))
+                            if c == 0:
+                                for i in T.unroll(NACC):
+                                    acc[i] = acc[i] + Red[0, i, tid]
+                        if c == 0:
+                            epilogue(Cs, c_map, acc, tm, tn, 0, tid)
+                    else:
+                        T.ptx.bar.sync(T.uint32(3), T.uint32(128 * NC))
+                        if c > 0:
+                            for i in T.unroll(NACC):
+                                Red[c - 1, i, tid] = acc[i]
+                        T.ptx.bar.sync(T.uint32(4), T.uint32(128 * NC))
+                        if c == 0:
+                            for i in T.unroll(NACC):
+                                for o in T.unroll(NC - 1):
+                                    acc[i] = acc[i] + Red[o, i, tid]
+                            epilogue(Cs, c_map, acc, tm, tn, 0, tid)
                 else:
                     epilogue(Cs, c_map, acc, tm, tn, c, tid)
             bulk_wait(0, read=False)
