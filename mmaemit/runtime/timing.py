@@ -43,6 +43,16 @@ def median_time(fn, warmup: int = 10, reps: int = 50) -> float:
     return statistics.median(_event_times(fn, reps))
 
 
+def _run_for(fn, ms: float, rounds: int = 0) -> None:
+    """Call ``fn`` (then synchronize) at least ``rounds`` times and until ``ms`` milliseconds of wall time passed."""
+    start = time.perf_counter()
+    done = 0
+    while done < rounds or (time.perf_counter() - start) * 1e3 < ms:
+        fn()
+        torch.cuda.synchronize()
+        done += 1
+
+
 def time_rotating(calls, reps: int = 30, warmup: int = 3, use_graph: bool = True, warmup_ms: float = 200.0) -> float:
     """Median microseconds per call of ``calls`` (zero-argument callables, each on its own input copy).
 
@@ -51,39 +61,28 @@ def time_rotating(calls, reps: int = 30, warmup: int = 3, use_graph: bool = True
     int4 GEMV at M=1, 8192^2, 15 µs), after 3 warm-up rounds the first timing in a fresh process read 16.7 µs and the
     next two 14.8; with 25 ms of warm-up, four timings read 16.9 / 15.2 / 15.2 / 17.5; with 300 ms, 15.1 / 15.1 /
     15.1 / 15.2."""
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
+    def all_calls():
         for c in calls:
             c()
-        torch.cuda.synchronize()
-        rounds += 1
-    run = None
+
+    _run_for(all_calls, warmup_ms, warmup)
+    run = all_calls
     if use_graph:
         try:
             g = torch.cuda.CUDAGraph()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for c in calls:
-                    c()
+                all_calls()
             torch.cuda.current_stream().wait_stream(side)
             with torch.cuda.graph(g):
-                for c in calls:
-                    c()
+                all_calls()
             run = g.replay
         except Exception as e:  # a launch path that cannot be captured: time plain launches, and say so
             print(f"  (graph capture failed: {type(e).__name__}: {str(e)[:100]}; timing plain launches)")
             torch.cuda.synchronize()
-    if run is None:
-        def run():
-            for c in calls:
-                c()
     # warm up what is timed, too: the first CUDA graph of a process replayed ~12 % slower for its first rounds (H100,
     # 2026-11-27: a 15 µs GEMV read 16.9 µs in the first timing of a process, 200 ms of plain warm-up launches before
     # it, then 15.0-15.2 in each of the next seven)
-    start = time.perf_counter()
-    while (time.perf_counter() - start) * 1e3 < min(warmup_ms, 50.0):
-        run()
-        torch.cuda.synchronize()
+    _run_for(run, min(warmup_ms, 50.0))
     return statistics.median(_event_times(run, reps)) * 1e6 / len(calls)
