@@ -173,6 +173,8 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"handover='tree'; valid: 'parallel', 'rounds'"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(handover="tree"), **ok)
+    with pytest.raises(UnsupportedConfigError, match=r"handover='rounds' passes k_split consumers"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(handover="rounds"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"activation_boxes='tile'; valid: 'chunk', 'stage'"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(activation_boxes="tile"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"chunks_per_stage=3; valid: 1, 2, 4"):

@@ -332,6 +332,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise UnsupportedConfigError(f"activation_boxes={cfg.activation_boxes!r}; valid: {choices(ACTIVATION_BOXES)}")
     if cfg.handover not in HANDOVERS:
         raise UnsupportedConfigError(f"handover={cfg.handover!r}; valid: {choices(HANDOVERS)}")
+    if cfg.handover == "rounds" and not cfg.k_split:
+        raise UnsupportedConfigError("handover='rounds' passes k_split consumers' sums to consumer 0; without "
+                                     "k_split=True each consumer stores its own rows: use handover='parallel'")
     XST = cfg.activation_boxes == "stage" and CPS > 1        # one activation box per stage
     if XST:
         # A [M, K] viewed as [K / 64, M, 64]: the box's CPS chunk tiles of BT x 64 land one after another, Xs[s]
