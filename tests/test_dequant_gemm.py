@@ -141,6 +141,18 @@ def test_gemv_weights_as_a_is_bit_identical(fmt, zeros, dtype, m_max, M):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("fmt, zeros, dtype, m_max, M", [
+    ("int4", None, torch.float16, 8, 1), ("uint4", "quantized", torch.bfloat16, 16, 13), ("int1", None, torch.float16,
+                                                                                        32, 20)])
+def test_gemv_pdl_is_bit_identical(fmt, zeros, dtype, m_max, M):
+    """Programmatic dependent launch (the default on sm_90+): griddepcontrol at entry and an L2 prefetch of the
+    first pdl_prefetch chunks (None: stages - 1; more than the K slice has are cut; 0: none) before the wait give the
+    same bits as without."""
+    outs = _gemv_variants(fmt, zeros, dtype, m_max, M, [dict(pdl=False), dict(), dict(pdl=True, pdl_prefetch=99),
+                                                        dict(pdl=True, pdl_prefetch=0)])
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
 def test_gemv_weights_as_a_halves_the_mma_at_m8():
     """At M <= 8 the weights-as-A GEMV issues one m16n8k16 per n16 block and k16 step where weights as B issue two
     (one per n8 half, 16 activation rows of which 8 are real), and its loop moves no zero rows into A fragments."""

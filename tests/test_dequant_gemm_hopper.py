@@ -117,7 +117,7 @@ def test_quad_word_plan_is_the_transpose_of_the_kernel_layout(bits):
 def test_fused_hopper_sass(dtype, op, in_flight):
     """sm_90a SASS (nvcc only, no GPU): 4 HGMMA per chunk issued behind one warpgroup arrive per chunk (not
     serialized; in_flight=1 unrolls the K loop by 2 and peels the last two chunks), TMA loads (2-D activations,
-    3-D packed words in 512-byte rows and scales) and a TMA store,
+    3-D packed words in 512-byte rows and scales) and a TMA store, the PDL prologue's weight prefetches,
     no spills or stack, no C7514 / C7508 in ptxas's log."""
     kt = 8192 // 64
     chunks = 2 + (kt - 2 * ((kt - 1) // 2)) if in_flight else 1     # the K loop's pair + the peeled last chunks
@@ -128,7 +128,9 @@ def test_fused_hopper_sass(dtype, op, in_flight):
     assert hist.get(op, 0) == 4 * chunks, hist
     assert hist.get("WARPGROUP.ARRIVE", 0) == chunks, hist
     assert hist.get("UTMALDG.2D", 0) == 1 and hist.get("UTMALDG.3D", 0) == 2, hist     # activations; words, scales
-    assert not any(o.startswith("UTMAPF") for o in hist), hist                           # prefetch=0: none
+    # the L2 prefetch of the first tile's weight boxes before griddepcontrol.wait (pdl, the default): one per stage
+    assert sum(n for o, n in hist.items() if o.startswith("UTMAPF")) == HopperDequantConfig().stages, hist
+    assert hist.get("ACQBULK", 0) >= 1, hist                                             # griddepcontrol.wait
     assert hist.get("UTMASTG.2D", 0) == 1 and hist.get("SHFL.BFLY", 0) == 4 * chunks, hist
     assert not any(o.startswith("LDGSTS") for o in hist), hist
     use = k.resource_usage("sm_90a")
@@ -253,6 +255,24 @@ def test_fused_hopper_handover_in_rounds_on_the_interpreter(M, in_flight, cps):
     assert _rel(C, ref) < _tol(torch.float16)
     par = dataclasses.replace(cfg, handover="parallel")
     assert fused_smem_bytes(par, 4, 128) - fused_smem_bytes(cfg, 4, 128) == 2 * 128 * 16 * 4
+
+
+@pytest.mark.parametrize("sms, prefetch", [(1, None), (3, 0), (3, 9)])
+def test_fused_hopper_pdl_is_bit_identical(sms, prefetch):
+    """pdl (default): griddepcontrol at entry, the producer's L2 prefetch of its first tile's weight boxes (None:
+    ``stages`` of them; more than the tile has are cut) before the wait; the same bits as without. With 3 persistent
+    CTAs for 2 tiles one CTA has no tile and prefetches nothing."""
+    args, kw, ref = _problem(40, 128, 1024, 128, torch.float16, seed=11)
+    outs = []
+    for pdl in (False, True):
+        cfg = HopperDequantConfig(block_m=48, consumers=2, k_split=True, stages=4, num_sms=sms, chunks_per_stage=2,
+                                  pdl=pdl, pdl_prefetch=prefetch)
+        func, _ = make_dequant_gemm_hopper(None, 128, 1024, config=cfg, **kw)
+        C = torch.full((40, 128), float("nan"), dtype=torch.float16)
+        assert mmaemit.interpret(func, *args, C, arch="sm_90a").ok
+        outs.append(C)
+    assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < _tol(torch.float16)
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_dispatcher_fused_path_by_name_outside_its_range():

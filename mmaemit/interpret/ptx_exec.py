@@ -242,6 +242,39 @@ def _noop(kp, ops, mod, site):
     return lambda st: None
 
 
+@_family("griddepcontrol")
+def _griddepcontrol(kp, ops, mod, site):
+    # programmatic dependent launch: the interpreter runs one kernel at a time, so the grid a kernel depends on has
+    # completed before it starts (wait) and no dependent grid can start early (launch_dependents)
+    isa.require_feature("griddepcontrol", kp.arch)
+    return lambda st: None
+
+
+@_family("cp_async_bulk_prefetch")
+def _bulk_prefetch(kp, ops, mod, site):
+    # an L2 hint with no effect on memory contents: its range is checked like a load (16-byte aligned address and
+    # size, inside one global buffer), then dropped
+    isa.require_feature("cp.async.bulk", kp.arch)
+    fsrc, fsize = ops.value("src_mem"), ops.value("size")
+    what = "cp.async.bulk.prefetch.L2.global"
+
+    def run(st):
+        thr = active_threads(st)
+        if len(thr) == 0:
+            return
+        src = as_thread_vector(st, np.asarray(fsrc(st), np.int64))[thr]
+        size = as_thread_vector(st, np.asarray(fsize(st), np.int64))[thr]
+        bad = (size % 16 != 0) | (size <= 0) | (src % 16 != 0)
+        if bad.any():
+            k = int(np.argmax(bad))
+            st.rec.fault(st, "misaligned", site, f"{what}: address {int(src[k])} and size {int(size[k])} must be "
+                         f"positive multiples of 16 bytes", thread=int(thr[k]))
+            return
+        global_bytes(st, site, src, size, 16, thr, what)      # bounds of the whole range; the bytes are not used
+        st.rec.count("prefetch.l2", len(thr))
+    return run
+
+
 def _elementwise(kp, ops, out_name, in_names, fn, site):
     ins = [ops.bits(n)[0] for n in in_names]
     (w,) = ops.writers(out_name)

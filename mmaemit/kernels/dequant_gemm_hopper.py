@@ -59,6 +59,7 @@ from mmaemit.dequant.kernel_layout import CHUNK
 from mmaemit.dtypes import canonical
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import WEIGHT_FORMATS
+from mmaemit.runtime.launch import programmatic_dependent_launch
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
            "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS"]
@@ -98,7 +99,12 @@ class HopperDequantConfig:
     ``handover`` (``k_split``): ``"parallel"`` gives each consumer c > 0 its own shared slot of fp32 sums, written at
     once (``consumers - 1`` slots); ``"rounds"`` one slot, written by consumers 1, 2, ... in turn, each added by
     consumer 0 before the next round (``consumers - 1`` barrier rounds): with 4 consumers two slots less shared
-    memory for ring stages (interpreter-checked; not yet timed on a GPU)."""
+    memory for ring stages (measured on the H100: no faster; ``docs/perf-notes.md``, ninth session).
+    ``pdl``: programmatic dependent launch (:mod:`mmaemit.runtime.launch`): ``griddepcontrol.launch_dependents`` at
+    entry; the producer prefetches into L2 the weight boxes of its first tile's first ``pdl_prefetch`` stages (None:
+    ``stages``; 0: none), then every thread executes ``griddepcontrol.wait`` before the kernel reads activations or
+    scales or writes anything (H100, 8192^2 int4, back-to-back calls: M=32 19.2-19.5 against 19.4-19.8 us, M=128
+    34.5-34.7 against 35.5-37.0, the same at M=64 and 256; on by default, so that a next kernel can start early)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -113,6 +119,8 @@ class HopperDequantConfig:
     chunks_per_stage: int = 1
     activation_boxes: str = "stage"
     handover: str = "parallel"
+    pdl: bool = True
+    pdl_prefetch: int | None = None
 
     @property
     def k_multiple(self) -> int:
@@ -276,6 +284,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     if cfg.in_flight not in (0, 1):
         raise UnsupportedConfigError(f"in_flight={cfg.in_flight!r}; valid: 0, 1")
     INF = cfg.in_flight
+    PDL = cfg.pdl
+    if PDL not in (True, False):
+        raise UnsupportedConfigError(f"pdl={cfg.pdl!r}; valid: True, False")
+    PFS = ST if cfg.pdl_prefetch is None else cfg.pdl_prefetch
+    if not isinstance(PFS, int) or PFS < 0:
+        raise UnsupportedConfigError(f"pdl_prefetch={cfg.pdl_prefetch!r}; valid: None (stages) or a number of stages "
+                                     f">= 0")
     NP = cfg.producers
     if NP not in (1, 2):
         raise UnsupportedConfigError(f"producers={NP!r}; valid: 1, 2")
@@ -536,6 +551,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             Red = pool.alloc((1, 1, 128), "float32", align=128)      # unused without k_split
         bars = ring.alloc(pool)  # noqa: F841
         pool.commit()
+        if PDL:
+            T.ptx.griddepcontrol.launch_dependents()
         ring.init(T.And(wg == 0, tid == 0))
         T.cuda.cta_sync()
         if wg == 0:
@@ -543,6 +560,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             if T.And(tid % 32 == 0, tid < 32 * NP):
                 p = T.meta_var(tid // 32)         # this producer fills the stages s = p (mod NP), in ring order
                 tile = T.alloc_local((2,), "int32")
+                if PDL:
+                    # the weights are read-only: their first stages' boxes may move into L2 before the wait
+                    if PFS > 0:
+                        if T.And(p == 0, sched.count(worker) > 0):
+                            t0 = T.meta_var(sched.tile_into(tile, worker, 0))
+                            for u in T.unroll(min(PFS, KU)):
+                                w_map_t.prefetch(w_map, (t0[1] * NB, u * CPS, 0))
+                    T.ptx.griddepcontrol.wait()
                 for t in T.serial(sched.count(worker)):
                     tmn = T.meta_var(sched.tile_into(tile, worker, t))
                     tm = T.meta_var(tmn[0])
@@ -569,6 +594,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                                  (tn * NB, (u * CPS + j) * CHUNK // G, 0), ring.full_ptr(it))
         else:
             roles.consumer_setup()
+            if PDL:
+                T.ptx.griddepcontrol.wait()      # before the epilogue's stores (the producer's loads wait too)
             c = T.meta_var(roles.consumer_index(wg))
             warp = T.meta_var(tid // 32)
             lane = T.meta_var(tid % 32)
@@ -678,4 +705,4 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             T.device_entry()
             body(A, W, S, C, x_map, w_map, s_map, s_map, c_map)
 
-    return gemm, cfg
+    return (programmatic_dependent_launch(gemm) if PDL else gemm), cfg

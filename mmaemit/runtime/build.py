@@ -10,10 +10,12 @@ from ..arch import KNOWN_ARCHS, as_arch, device_arch
 from ..errors import ArchError, PerformanceWarning, ToolchainError, UnsupportedConfigError, choices
 from .gating import check_instructions, ptx_instructions
 from .kernel import Kernel, KernelSignature
+from .launch import LAUNCH_PARAMS_ATTR, launch_pipeline
 from .sass import parse_ptxas_log
 from .toolchain import compile_cubin
 
-__all__ = ["compile", "resolve_target", "cached_jit", "cubin_cache_enabled", "spill_check_enabled", "warn_on_spills"]
+__all__ = ["compile", "resolve_target", "cached_jit", "cubin_cache_enabled", "spill_check_enabled", "warn_on_spills",
+           "device_launch_params"]
 
 _JIT_CALLBACK = "tvm_callback_cuda_compile"
 _JIT_LOCK = threading.RLock()
@@ -138,10 +140,12 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  #
     ``target``: None (the visible GPU's arch; ``ArchError`` with no GPU), "sm_80" / "sm_86" / "sm_89" / "sm_90" /
     "sm_90a", an ``Arch`` or a CUDA ``tvm.target.Target``. Every PTX instruction in the PrimFunc is checked against
     ``mmaemit.isa`` first: ``ArchError`` names any the arch lacks, and a ``PerformanceWarning`` each one it emulates.
-    Compiles with ``tvm.compile(..., tir_pipeline="tirx")`` inside ``with target:`` (that pins the JIT's arch). On a
-    machine without a GPU this yields a source-only module: ``cuda_source``, ``sass()`` and ``instruction_mix()`` work,
-    calling does not. ``out_idx``: index or indices (negative allowed) of output parameters the call allocates and
-    returns. ``name``: the function / kernel symbol (default: the PrimFunc's ``global_symbol``).
+    Compiles with ``tvm.compile`` and TVM's ``tirx`` pipeline (plus the launch tag of kernels marked by
+    :func:`mmaemit.runtime.launch.programmatic_dependent_launch`) inside ``with target:`` (that pins the JIT's
+    arch). On a machine without a GPU this yields a source-only module: ``cuda_source``, ``sass()`` and
+    ``instruction_mix()`` work, calling does not. ``out_idx``: index or indices (negative allowed) of output
+    parameters the call allocates and returns. ``name``: the function / kernel symbol (default: the PrimFunc's
+    ``global_symbol``).
     ``cubin_cache``: True builds the GPU binary with nvcc through the on-disk cubin cache (:func:`cached_jit`; a
     kernel built before by any process loads without compiling; the autotuner always does this); False keeps TVM's
     own JIT (NVRTC); None (default) reads ``$MMAEMIT_CUBIN_CACHE`` ("1" = True, otherwise False).
@@ -166,8 +170,24 @@ def compile(prim_func, target=None, out_idx=None, *, name: str | None = None,  #
     use_nvcc = cubin_cache_enabled(cubin_cache) or (check and _nvcc_available())
     jit = cached_jit(arch) if use_nvcc else contextlib.nullcontext()
     with tgt, jit:
-        executable = tvm.compile(func, target=tgt, tir_pipeline="tirx")
+        executable = tvm.compile(func, target=tgt, tir_pipeline=launch_pipeline())
     kernel = Kernel(func, arch, tgt, executable, symbol, instructions=instructions, signature=signature)
     if check:
         warn_on_spills(kernel, stacklevel=2)
     return kernel
+
+
+def device_launch_params(prim_func, target="sm_90a") -> dict:
+    """{device kernel name: its launch-parameter tags} as :func:`compile` lowers ``prim_func`` for ``target`` (no
+    code generation, no GPU): the thread axes, ``mmaemit.runtime.launch.PDL_TAG`` for a kernel marked by
+    ``programmatic_dependent_launch``, dynamic shared memory last. What TVM's runtime reads to launch the kernel."""
+    import tvm
+
+    _, tgt = resolve_target(target)
+    host = tvm.target.Target("llvm" if tvm.runtime.enabled("llvm") else "c")
+    mod = tvm.tirx.transform.BindTarget(tvm.target.Target(tgt).with_host(host))(tvm.IRModule.from_expr(prim_func))
+    lower, _, _ = tvm.tirx.get_tir_pipeline(launch_pipeline())
+    with tgt:
+        mod = lower(mod)
+    return {gv.name_hint: [str(t) for t in f.attrs[LAUNCH_PARAMS_ATTR]] for gv, f in mod.functions.items()
+            if f.attrs is not None and LAUNCH_PARAMS_ATTR in f.attrs}
