@@ -102,8 +102,8 @@ class HopperDequantConfig:
     memory for ring stages (measured on the H100: no faster; ``docs/perf-notes.md``, ninth session).
     ``pdl``: programmatic dependent launch (:mod:`mmaemit.runtime.launch`): ``griddepcontrol.launch_dependents`` at
     entry; the producer prefetches into L2 the weight boxes of its first tile's first ``pdl_prefetch`` stages (None:
-    ``stages``; 0: none), then every thread executes ``griddepcontrol.wait`` before the kernel reads activations or
-    scales or writes anything (H100, 8192^2 int4, back-to-back calls: M=32 19.2-19.5 against 19.4-19.8 us, M=128
+    ``stages``; 0: none), then the producer threads and every consumer thread execute ``griddepcontrol.wait`` before
+    the kernel reads activations or scales or writes anything (H100, 8192^2 int4, back-to-back calls: M=32 19.2-19.5 against 19.4-19.8 us, M=128
     34.5-34.7 against 35.5-37.0, the same at M=64 and 256; on by default, so that a next kernel can start early)."""
 
     block_m: int = 128
