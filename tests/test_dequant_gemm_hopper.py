@@ -177,6 +177,10 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(handover="tree"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"handover='rounds' passes k_split consumers"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(handover="rounds"), **ok)
+    with pytest.raises(UnsupportedConfigError, match=r"quad_repair='ldmatrix'; valid: 'shared', 'shuffle'"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(quad_repair="ldmatrix"), **ok)
+    with pytest.raises(UnsupportedConfigError, match=r"pdl='yes'; valid: True, False"):
+        make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(pdl="yes"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"activation_boxes='tile'; valid: 'chunk', 'stage'"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(activation_boxes="tile"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"chunks_per_stage=3; valid: 1, 2, 4"):
@@ -273,6 +277,50 @@ def test_fused_hopper_pdl_is_bit_identical(sms, prefetch):
         outs.append(C)
     assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < _tol(torch.float16)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("fmt, zeros, dtype", [("int4", None, torch.float16), ("int8", None, torch.bfloat16),
+                                               ("uint2", "quantized", torch.float16), ("int1", None, torch.float16)])
+def test_fused_hopper_shared_quad_repair_is_bit_identical(fmt, zeros, dtype):
+    """quad_repair="shared" (each lane reads its quad partners' words from the ring stage and rotates their codes
+    into place) gives the bits of the shuffle transpose, for every word width (8-bit: two bundle words; 2 / 1-bit:
+    bundles assembled after the transpose)."""
+    g = torch.Generator().manual_seed(len(fmt))
+    qw = D.quantize(torch.randn(128, 512, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(20, 512, generator=g).to(dtype)
+    outs = []
+    for repair in ("shuffle", "shared"):
+        cfg = HopperDequantConfig(block_m=32, consumers=2, stages=3, k_split=True, chunks_per_stage=2,
+                                  quad_repair=repair)
+        func, _ = make_dequant_gemm_hopper(None, 128, 512, dtype=str(dtype)[6:], config=cfg, **kw)
+        C = torch.full((20, 128), float("nan"), dtype=dtype)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    ref = A.double() @ qw.dequantize().double().T
+    assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < (3e-3 if dtype == torch.float16 else 1e-2)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_fused_hopper_shared_quad_repair_sass():
+    """sm_90a SASS of fused64's shape, int4: with quad_repair="shared" the consumers issue no shuffles (the one left
+    is the warp-index broadcast at entry) and fewer instructions per chunk than with the shuffle transpose."""
+    import re
+
+    per_chunk, shuffles = {}, {}
+    for repair in ("shuffle", "shared"):
+        cfg = HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4,
+                                  quad_repair=repair)
+        k = mmaemit.compile(make_dequant_gemm_hopper(None, 8192, 8192, 128, "float16", cfg, "sm_90a")[0],
+                            target="sm_90a")
+        ops = re.findall(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", k.sass("sm_90a"))
+        at = [i for i, op in enumerate(ops) if op == "WARPGROUP.ARRIVE"]
+        gaps = sorted(b - a for a, b in zip(at, at[1:]))
+        per_chunk[repair] = gaps[len(gaps) // 2]
+        shuffles[repair] = sum(op.startswith("SHFL") for op in ops)
+        assert k.resource_usage("sm_90a").spill_bytes == 0
+    assert shuffles["shared"] <= 1 < shuffles["shuffle"], shuffles
+    assert per_chunk["shared"] < per_chunk["shuffle"], per_chunk
 
 
 def test_dispatcher_fused_path_by_name_outside_its_range():

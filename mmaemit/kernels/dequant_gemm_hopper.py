@@ -62,7 +62,7 @@ from mmaemit.kernels.dequant_parts import WEIGHT_FORMATS
 from mmaemit.runtime.launch import programmatic_dependent_launch
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
-           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS"]
+           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS", "QUAD_REPAIRS"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
 #: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
@@ -73,6 +73,8 @@ HOPPER_FUSED_FORMATS = WEIGHT_FORMATS
 ACTIVATION_BOXES = ("chunk", "stage")
 #: how k_split consumers hand their sums to consumer 0 (``HopperDequantConfig.handover``)
 HANDOVERS = ("parallel", "rounds")
+#: how a lane gets its quad partners' codes (``HopperDequantConfig.quad_repair``)
+QUAD_REPAIRS = ("shuffle", "shared")
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,13 @@ class HopperDequantConfig:
     ``pdl``: programmatic dependent launch (:mod:`mmaemit.runtime.launch`): ``griddepcontrol.launch_dependents`` at
     entry; the producer prefetches into L2 the weight boxes of its first tile's first ``pdl_prefetch`` stages (None:
     ``stages``; 0: none), then the producer threads and every consumer thread execute ``griddepcontrol.wait`` before
-    the kernel reads activations or scales or writes anything (H100, 8192^2 int4, back-to-back calls: M=32 19.2-19.5 against 19.4-19.8 us, M=128
-    34.5-34.7 against 35.5-37.0, the same at M=64 and 256; on by default, so that a next kernel can start early)."""
+    the kernel reads activations or scales or writes anything (H100, 8192^2 int4, back-to-back calls: M=32 19.2-19.5
+    against 19.4-19.8 us, M=128 34.5-34.7 against 35.5-37.0, the same at M=64 and 256; on by default, so that a next
+    kernel can start early).
+    ``quad_repair``: ``"shuffle"`` builds each quad partner's bundle from the lane's own words and transposes them
+    over the quad (``shfl.sync.bfly``, 4 per bundle word and chunk); ``"shared"`` reads the partners' words straight
+    from the ring stage instead (two ``ld.shared`` per bundle word, at per-lane offsets) and rotates the codes into
+    place (:meth:`QuadRepairPlan.shared_terms`): no shuffles or selects (interpreter-checked; not yet timed)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -121,6 +128,7 @@ class HopperDequantConfig:
     handover: str = "parallel"
     pdl: bool = True
     pdl_prefetch: int | None = None
+    quad_repair: str = "shuffle"
 
     @property
     def k_multiple(self) -> int:
@@ -158,6 +166,31 @@ class QuadRepairPlan:
     bundle_words: int
     build: tuple
     assemble: tuple
+
+    def shared_terms(self) -> tuple:
+        """The receiving side of ``build``, for reading the partners' words from shared memory: per bundle word b,
+        ``((mask, ((src word, left rotation) for receiver q = 0..3)), ...)``: bundle word b that lane S built for
+        lane q = ``OR rotl(word_S[src], rotation) & mask`` (the rotation a shift's amount mod 32, equal to the shift
+        under the mask: checked). Raises if a mask's terms differ between receivers in anything but word and shift."""
+        out = []
+        for b in range(self.bundle_words):
+            masks = sorted({m for _, _, m in self.build[0][b]})
+            if any(sorted(m for _, _, m in self.build[cp][b]) != masks for cp in range(4)):
+                raise AssertionError(f"{self.bits}-bit: bundle word {b} has other masks for other receivers")
+            terms = []
+            for m in masks:
+                per_q = []
+                for cp in range(4):
+                    (sw, sh), = [(sw, sh) for sw, sh, mm in self.build[cp][b] if mm == m]
+                    rot = sh % 32
+                    wrapped = ((1 << sh) - 1) if sh > 0 else ((0xFFFFFFFF << (32 + sh)) & 0xFFFFFFFF if sh < 0 else 0)
+                    if m & wrapped:
+                        raise AssertionError(f"{self.bits}-bit: a rotation by {rot} is not the shift {sh} under "
+                                             f"mask {m:#x}")
+                    per_q.append((sw, rot))
+                terms.append((m, tuple(per_q)))
+            out.append(tuple(terms))
+        return tuple(out)
 
     @property
     def identity_assembly(self) -> bool:
@@ -347,6 +380,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise UnsupportedConfigError(f"activation_boxes={cfg.activation_boxes!r}; valid: {choices(ACTIVATION_BOXES)}")
     if cfg.handover not in HANDOVERS:
         raise UnsupportedConfigError(f"handover={cfg.handover!r}; valid: {choices(HANDOVERS)}")
+    if cfg.quad_repair not in QUAD_REPAIRS:
+        raise UnsupportedConfigError(f"quad_repair={cfg.quad_repair!r}; valid: {choices(QUAD_REPAIRS)}")
     if cfg.handover == "rounds" and not cfg.k_split:
         raise UnsupportedConfigError("handover='rounds' passes k_split consumers' sums to consumer 0; without "
                                      "k_split=True each consumer stores its own rows: use handover='parallel'")
@@ -408,6 +443,31 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         return w & T.uint32(mask)
 
     TB = PLAN.bundle_words
+    SHARED_REPAIR = cfg.quad_repair == "shared"
+    SHARED_TERMS = [t for b_terms in PLAN.shared_terms() for t in b_terms] if SHARED_REPAIR else []
+    # rr: the shuffle's scratch; with "shared" also each term's source word and rotation, and two rotated words
+    NRR = 1 + 2 * len(SHARED_TERMS) + (2 if SHARED_REPAIR else 0)
+
+    def by_lane(q, values):
+        return T.Select(q == 0, T.uint32(values[0]), T.Select(q == 1, T.uint32(values[1]), T.Select(
+            q == 2, T.uint32(values[2]), T.uint32(values[3]))))
+
+    def shared_tables(rr, q):
+        # once per thread: this lane's source word and rotation of every term (they depend on its quad index only)
+        for i, (_, per_q) in enumerate(SHARED_TERMS):
+            store(rr, by_lane(q, [sw for sw, _ in per_q]), (1 + 2 * i,))
+            store(rr, by_lane(q, [rot for _, rot in per_q]), (2 + 2 * i,))
+
+    def shared_repair(Ws, s, blk, j, g, y, rr):
+        # y[4 b + S] = bundle word b that quad partner S would build for this lane, from S's words in the stage
+        for b in range(TB):
+            for S in range(4):
+                for t in range(2):
+                    i = 2 * b + t
+                    v = T.reinterpret("uint32", Ws[s, blk, j, g * 4 + S, T.Cast("int32", rr[1 + 2 * i])])
+                    emit(T.ptx.shf.l.wrap.b32(rr[NRR - 2 + t], v, v, rr[2 + 2 * i]))     # rotate left
+                store(y, or_all(rr[NRR - 2 + t] & T.uint32(SHARED_TERMS[2 * b + t][0]) for t in range(2)),
+                      (4 * b + S,))
 
     def repair(wb, y, rr, q):
         # y[4 b + c'] = bundle word b for quad lane c' (built from this lane's words), then a 4 x 4 transpose over the
@@ -464,9 +524,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             if HAS_Z:
                 T.ptx["ld.shared.v2.b32"](sv[2], sv[3], Zs.ptr_to([s, j if SPS > 1 else 0, blk,
                                                                    j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
-        for w in T.unroll(WPC):
-            wb[w] = T.reinterpret("uint32", Ws[s, blk, j, lane, w])
-        repair(wb, y, rr, q)
+        if SHARED_REPAIR:
+            shared_repair(Ws, s, blk, j, g, y, rr)
+        else:
+            for w in T.unroll(WPC):
+                wb[w] = T.reinterpret("uint32", Ws[s, blk, j, lane, w])
+            repair(wb, y, rr, q)
         if fresh:
             sp[0] = pair_of_column(sv[0], sv[1], g, 0)
             sp[1] = pair_of_column(sv[0], sv[1], g, 1)
@@ -606,7 +669,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             af1 = T.alloc_local((4 * KSTEPS,), "uint32")
             wb = T.alloc_local((WPC,), "uint32")
             y = T.alloc_local((4 * PLAN.bundle_words,), "uint32")
-            rr = T.alloc_local((1,), "uint32")
+            rr = T.alloc_local((NRR,), "uint32")
+            if SHARED_REPAIR:
+                shared_tables(rr, q)
             sv = T.alloc_local((4 if HAS_Z else 2,), "uint32")
             sp = T.alloc_local((2,), "uint32")
             zp = T.meta_var(T.alloc_local((2,), "uint32") if HAS_Z else sp)
