@@ -227,13 +227,12 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     ROWS = -(-MMAX // 8) if SWAP else (1 if MMAX <= 8 else 2 * MT)
     MINB = config.min_blocks_per_sm
     PDL = config.pdl
+    if PDL not in (None, True, False):
+        raise UnsupportedConfigError(f"pdl={config.pdl!r}; valid: None (on from sm_90), True, False")
     if PDL is None:
         PDL = arch is not None and as_arch(arch).satisfies(isa.FEATURES["griddepcontrol"].min_arch)
-    elif PDL is True:
+    elif PDL:
         isa.require_feature("griddepcontrol", arch or "sm_80")
-    else:
-        if PDL is not False:
-            raise UnsupportedConfigError(f"pdl={config.pdl!r}; valid: None (on from sm_90), True, False")
     PF = ST - 1 if config.pdl_prefetch is None else config.pdl_prefetch
     if not isinstance(PF, int) or PF < 0:
         raise UnsupportedConfigError(f"pdl_prefetch={config.pdl_prefetch!r}; valid: None (stages - 1) or a number of "

@@ -444,9 +444,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     TB = PLAN.bundle_words
     SHARED_REPAIR = cfg.quad_repair == "shared"
-    SHARED_TERMS = [t for b_terms in PLAN.shared_terms() for t in b_terms] if SHARED_REPAIR else []
-    # rr: the shuffle's scratch; with "shared" also each term's source word and rotation, and two rotated words
-    NRR = 1 + 2 * len(SHARED_TERMS) + (2 if SHARED_REPAIR else 0)
+    # with "shared": (bundle word b, mask, per-receiver (word, rotation)) of every term, in bundle-word order
+    SHARED_TERMS = ([(b, m, per_q) for b, terms in enumerate(PLAN.shared_terms()) for m, per_q in terms]
+                    if SHARED_REPAIR else [])
+    ROT = max((sum(t[0] == b for t in SHARED_TERMS) for b in range(TB)), default=0)   # terms per bundle word
+    # rr: the shuffle's scratch; with "shared" also each term's source word and rotation, and ROT rotated words
+    NRR = 1 + 2 * len(SHARED_TERMS) + ROT
 
     def by_lane(q, values):
         return T.Select(q == 0, T.uint32(values[0]), T.Select(q == 1, T.uint32(values[1]), T.Select(
@@ -454,20 +457,19 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     def shared_tables(rr, q):
         # once per thread: this lane's source word and rotation of every term (they depend on its quad index only)
-        for i, (_, per_q) in enumerate(SHARED_TERMS):
+        for i, (_, _, per_q) in enumerate(SHARED_TERMS):
             store(rr, by_lane(q, [sw for sw, _ in per_q]), (1 + 2 * i,))
             store(rr, by_lane(q, [rot for _, rot in per_q]), (2 + 2 * i,))
 
     def shared_repair(Ws, s, blk, j, g, y, rr):
         # y[4 b + S] = bundle word b that quad partner S would build for this lane, from S's words in the stage
         for b in range(TB):
+            terms = [(i, m) for i, (tb, m, _) in enumerate(SHARED_TERMS) if tb == b]
             for S in range(4):
-                for t in range(2):
-                    i = 2 * b + t
+                for t, (i, _) in enumerate(terms):
                     v = T.reinterpret("uint32", Ws[s, blk, j, g * 4 + S, T.Cast("int32", rr[1 + 2 * i])])
-                    emit(T.ptx.shf.l.wrap.b32(rr[NRR - 2 + t], v, v, rr[2 + 2 * i]))     # rotate left
-                store(y, or_all(rr[NRR - 2 + t] & T.uint32(SHARED_TERMS[2 * b + t][0]) for t in range(2)),
-                      (4 * b + S,))
+                    emit(T.ptx.shf.l.wrap.b32(rr[NRR - ROT + t], v, v, rr[2 + 2 * i]))     # rotate left
+                store(y, or_all(rr[NRR - ROT + t] & T.uint32(m) for t, (_, m) in enumerate(terms)), (4 * b + S,))
 
     def repair(wb, y, rr, q):
         # y[4 b + c'] = bundle word b for quad lane c' (built from this lane's words), then a 4 x 4 transpose over the

@@ -3,8 +3,8 @@
 TVM's CUDA runtime launches a kernel with ``cuLaunchKernelEx`` and the programmatic-stream-serialization attribute
 (programmatic dependent launch, PDL) when the tag ``tirx.use_programtic_dependent_launch`` (TVM's spelling) is in the
 device function's ``tirx.kernel_launch_params``. ``SplitHostDevice`` computes that list (thread axes, dynamic shared
-memory); an attribute on the PrimFunc or in its body does not reach it (``mmaemit.runtime.build.device_launch_params``
-shows the list). :func:`programmatic_dependent_launch` marks a
+memory); an attribute on the PrimFunc or in its body does not reach it
+(``mmaemit.runtime.build.device_launch_params`` shows the list). :func:`programmatic_dependent_launch` marks a
 PrimFunc, and :func:`launch_pipeline` (the ``tirx`` pipeline plus one pass, what ``mmaemit.compile`` builds with)
 adds the tag to the computed list of a marked kernel's device functions.
 
@@ -53,14 +53,13 @@ def _tag_pass():
 
     @tvm.transform.module_pass(opt_level=0, name="mmaemit.TagProgrammaticDependentLaunch")
     def tag(mod, _ctx):
-        funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-        if not any(uses_programmatic_dependent_launch(f) for _, f in funcs):
+        funcs = dict(mod.functions.items())
+        if not any(isinstance(f, tvm.tirx.PrimFunc) and uses_programmatic_dependent_launch(f) for f in funcs.values()):
             return mod
-        out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
-        for gv, f in funcs:
-            if f.attrs is not None and LAUNCH_PARAMS_ATTR in f.attrs:
-                out[gv] = f.with_attr(LAUNCH_PARAMS_ATTR, _with_tag(f.attrs[LAUNCH_PARAMS_ATTR]))
-        return out
+        for gv, f in funcs.items():
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and LAUNCH_PARAMS_ATTR in f.attrs:
+                funcs[gv] = f.with_attr(LAUNCH_PARAMS_ATTR, _with_tag(f.attrs[LAUNCH_PARAMS_ATTR]))
+        return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)     # the input stays as it was
 
     return tag
 
@@ -78,4 +77,3 @@ def launch_pipeline() -> str:
 
         tvm.tirx.register_tir_pipeline(_PIPELINE, factory)
     return _PIPELINE
-
