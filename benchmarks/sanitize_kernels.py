@@ -216,9 +216,11 @@ def dequant_hopper_fused_zero_points():
 
 @case
 def dequant_hopper_fused_nf4():
-    """The fused Hopper kernel with nf4 weights (each row's scaled 16-value table built once per scale group, then
-    prmt lookups), fp16 and bf16, each fused path of the plan up to M = 300 at a ragged M."""
-    return _fused_plan((("nf4", torch.float16, None), ("nf4", torch.bfloat16, None)), (20, 40, 60, 90, 120, 150, 300))
+    """nf4 weights, fp16 and bf16, through the plan at a ragged M of each path up to M = 300: the GEMVs (gemv8,
+    gemv16: the shared pair table, 32 KB filled at entry and read with per-lane offsets) and the fused Hopper kernel
+    (each row's scaled 16-value table built once per scale group, then prmt lookups)."""
+    return _fused_plan((("nf4", torch.float16, None), ("nf4", torch.bfloat16, None)),
+                       (1, 5, 13, 20, 40, 60, 90, 120, 150, 300))
 
 
 @case

@@ -153,6 +153,59 @@ def test_gemv_pdl_is_bit_identical(fmt, zeros, dtype, m_max, M):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+@pytest.mark.parametrize("dtype, m_max, M, k_slices, gated", [(torch.float16, 8, 1, 2, None),
+                                                              (torch.bfloat16, 16, 11, 16, None),
+                                                              (torch.float16, 8, 5, 4, "silu")])
+def test_gemv_shared_pair_table_is_bit_identical(dtype, m_max, M, k_slices, gated):
+    """nf4 looked up in the shared pair table (lookup="shared", the default for nf4; filled by 64 / 512 / 128 threads,
+    i.e. several rows per thread, two threads per row, one row per thread) gives the bits of the register decode, with
+    and without the gate in the epilogue."""
+    N, K = 64, 2048
+    g = torch.Generator().manual_seed(M)
+    qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme("nf4", 128))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(M, K, generator=g).to(dtype)
+    outs = []
+    for lookup in ("registers", "shared", None):
+        func, _ = make_dequant_gemv(None, N, K, dtype=str(dtype)[6:], arch="sm_90a", m_max=m_max, gated=gated,
+                                    config=GemvConfig(n_blocks=2, k_slices=k_slices, stages=3, lookup=lookup), **kw)
+        C = torch.full((M, N // 2 if gated else N), float("nan"), dtype=dtype)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    assert not torch.isnan(outs[0]).any()
+    if gated is None:
+        ref = A.double() @ qw.dequantize().double().T
+        assert ((outs[0].double() - ref).norm() / ref.norm()).item() < (2e-3 if dtype == torch.float16 else 8e-3)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_gemv_shared_pair_table_sass_and_refusals():
+    """The nf4 GEMV's loop looks each pair of codes up with one conflict-free ld.shared.b32 (8192^2: 4 n16 blocks x
+    4 chunks x 4 words x 4 lookups = 128 LDS.32 in the body, plus the scale / zero loads) and has far fewer PRMT than
+    the register decode; lookup="shared" is refused for formats without a table and fills that do not tile 256 rows."""
+    from mmaemit.dequant.decode import decode_program
+    from mmaemit.kernels.dequant_gemm import register_nibbles
+
+    # the pairing the table's rows assume (register k: codes of nibbles k and k + 4), read off the decode program
+    assert register_nibbles(decode_program("nf4", "float16", "none", fast=True)) == [(k, k + 4) for k in range(4)]
+    hists = {}
+    for lookup in ("registers", "shared"):
+        kernel = mmaemit.compile(make_dequant_gemv(None, 8192, 8192, 128, config=GemvConfig(lookup=lookup),
+                                                   arch="sm_90a", weight_format="nf4", m_max=8)[0], target="sm_90a")
+        hists[lookup] = kernel.opcode_histogram("sm_90a")
+        assert kernel.resource_usage("sm_90a").spill_bytes == 0
+    assert hists["shared"].get("LDS", 0) >= 128 and hists["registers"].get("LDS", 0) < 16
+    assert sum(hists["shared"].values()) < 0.9 * sum(hists["registers"].values())
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="lookup='shared' is for table formats \\('nf4'\\), not 'int4'"):
+        make_dequant_gemv(1, 256, 4096, config=GemvConfig(lookup="shared"), weight_format="int4")
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="k_slices a power of two, not 3"):
+        make_dequant_gemv(1, 256, 3 * 128 * 2, config=GemvConfig(k_slices=3, lookup="shared"), weight_format="nf4")
+    with pytest.raises(mmaemit.UnsupportedConfigError, match="lookup='table'; valid: None, 'registers', 'shared'"):
+        make_dequant_gemv(1, 256, 4096, config=GemvConfig(lookup="table"), weight_format="nf4")
+    # None falls back to the register decode where the table fill does not fit the threads
+    make_dequant_gemv(1, 256, 3 * 128 * 2, config=GemvConfig(k_slices=3), weight_format="nf4")
+
+
 def test_gemv_weights_as_a_halves_the_mma_at_m8():
     """At M <= 8 the weights-as-A GEMV issues one m16n8k16 per n16 block and k16 step where weights as B issue two
     (one per n8 half, 16 activation rows of which 8 are real), and its loop moves no zero rows into A fragments."""

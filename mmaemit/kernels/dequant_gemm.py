@@ -39,15 +39,23 @@ from dataclasses import dataclass
 
 from mmaemit import TensorCoreIntrinEmitter, isa
 from mmaemit.arch import as_arch
+from mmaemit.dequant.formats import get_format
 from mmaemit.dequant.kernel_layout import CHUNK, words_per_chunk
 from mmaemit.dtypes import canonical
-from mmaemit.emitters.builder import only_if, store
+from mmaemit.emitters.builder import emit, only_if, store
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 from mmaemit.kernels.dequant_parts import (WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_MODES, check_scheme,  # noqa: F401
                                            grid_kernel, kernel_decode_program, pair_of_column, symbolic_m)
 from mmaemit.kernels.gated import check_gate, gate_tir
 from mmaemit.runtime.launch import programmatic_dependent_launch
 
+
+#: where the GEMV looks a table format's codes up (``GemvConfig.lookup``)
+LOOKUPS = ("registers", "shared")
+#: the shared pair table of ``lookup="shared"``: entry i = (value of code i & 15, value of code i >> 4) as one
+#: f16x2 / bf16x2 word (unscaled: the GEMV scales its fp32 partial sums), 32 copies side by side (row i holds entry i
+#: 32 times and lane l reads word l, so a warp's 32 lookups hit 32 banks whatever the codes)
+PAIR_TABLE_ROWS, PAIR_TABLE_COPIES = 256, 32
 
 #: largest M of the small-M path (n8 token tiles per warp: ceil(m_max / 8), each decoded weight fragment feeds all)
 GEMV_M_LIMIT = 32
@@ -131,6 +139,28 @@ class GemvConfig:
     #: M=1 13.3-13.7 against 14.7-15.0 us, M=16 15.6 against 16.8-17.3; prefetching the whole K slice lost (14.8)
     pdl: bool | None = None
     pdl_prefetch: int | None = None
+    #: how a table format's (nf4's) codes become values: "registers" (the decode program: ``prmt`` lookups in byte
+    #: planes of the 16 values held in registers, 23 ops per word of 8 codes) or "shared" (a table of the 256 value
+    #: pairs in shared memory, :data:`PAIR_TABLE_ROWS` x :data:`PAIR_TABLE_COPIES`: one ``ld.shared.b32`` per two
+    #: codes, 17 ops per word with the 4 loads; 32 KB of shared memory per CTA, filled at entry before
+    #: ``griddepcontrol.wait``). None: "shared" for table formats where ``32 * k_slices`` divides or is a multiple of
+    #: 256, else "registers"; other formats always decode in registers. H100, nf4 fp16 M=1 / 16: 8192^2 14.8-15.2 /
+    #: 18.5-19.5 us against 18.8 / 22.3-23.3 (int4 13.3 / 15.9), 28672 x 8192 47.6-48.0 / 59.4-60.3 against
+    #: 59.8-61.1 / 70.1-70.7
+    lookup: str | None = None
+
+
+def register_nibbles(program):
+    """[(a, b) per output register]: the nibbles of a 4-bit word whose codes a decode program puts in the register's
+    low and high halves (found by decoding words that differ in one nibble)."""
+    import numpy as np
+
+    base = program.evaluate(np.zeros(1, np.uint32))[0]
+    slot_of = {}
+    for n in range(8):
+        changed = np.flatnonzero(program.evaluate(np.array([1 << (4 * n)], np.uint32))[0] != base)
+        slot_of.update({int(c): n for c in changed})
+    return [(slot_of.get(2 * r), slot_of.get(2 * r + 1)) for r in range(program.registers)]
 
 
 def weight_a_registers(instr):
@@ -253,6 +283,53 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     POST_SCALE = zeros_mode is None
     program = kernel_decode_program(weight_format, dtype, "none" if POST_SCALE else zeros_mode, arch, config.decode_variant)
     ZD = dtype if z_kind == "act" else z_kind
+    LUT = config.lookup
+    if LUT is not None and LUT not in LOOKUPS:
+        raise UnsupportedConfigError(f"lookup={config.lookup!r}; valid: None, {choices(LOOKUPS)}")
+    tables = [f for f in WEIGHT_FORMATS if get_format(f).kind == "lut"]
+    fill_fits = not (THREADS % PAIR_TABLE_ROWS and PAIR_TABLE_ROWS % THREADS)
+    LUT = (weight_format in tables and fill_fits) if LUT is None else LUT == "shared"
+    if LUT:
+        if weight_format not in tables:
+            raise UnsupportedConfigError(f"lookup='shared' is for table formats ({choices(tables)}), not "
+                                         f"{weight_format!r}")
+        if not fill_fits:
+            raise UnsupportedConfigError(f"lookup='shared' fills its table with 32 * k_slices threads, which must "
+                                         f"divide or be a multiple of {PAIR_TABLE_ROWS}: k_slices a power of two, "
+                                         f"not {KS}")
+        if register_nibbles(program) != [(k, k + 4) for k in range(4)]:
+            raise AssertionError(f"lookup='shared' reads register k's codes from nibbles k and k + 4; the {weight_format} "
+                                 f"decode pairs {register_nibbles(program)}")
+    TAB_COLS = PAIR_TABLE_COPIES
+
+    def fill_table(Tab, trow, tid):
+        # entry i = the decode of a word holding code i & 15 in nibble 0 and i >> 4 in nibble 4 (output register 0
+        # pairs nibbles 0 and 4), stored TAB_COLS times; a thread writes its rows' words in the order of its row XOR
+        # the copy, so the lanes of a warp (consecutive rows) write distinct banks. (Not (row + copy) % 32: TVM
+        # 0.27's simplifier turns row * 32 + (copy + row) % 32 into ((row + copy) & 31) * 33, a miscompile.)
+        rpt = max(1, PAIR_TABLE_ROWS // THREADS)
+        cpt = TAB_COLS // max(1, THREADS // PAIR_TABLE_ROWS)
+        for i in range(rpt):
+            row = tid + i * THREADS if THREADS <= PAIR_TABLE_ROWS else tid % PAIR_TABLE_ROWS
+            first = 0 if THREADS <= PAIR_TABLE_ROWS else tid // PAIR_TABLE_ROWS * cpt
+            word = T.Cast("uint32", row % 16) | (T.Cast("uint32", row // 16) << T.uint32(16))
+            program.emit(word, [trow[0], trow[1], trow[2], trow[3]])
+            for q in range(cpt):
+                store(Tab, trow[0], (row * TAB_COLS + T.bitwise_xor(row, first + q) % TAB_COLS,))
+
+    def lookup_step(s, nb, wb, WF, pv, tab_lane):
+        # word s of the chunk (4-bit: one per k16 step): output register k pairs codes k and k + 4, whose entry is
+        # row n_k | n_(k+4) << 4; pv[0] holds the rows of registers 0 / 2 in bytes 0 / 1, pv[1] those of 1 / 3.
+        # Address: the lane's column of row 0 (a shared-window address, once per thread) + row * 128 bytes, one IMAD
+        # after the byte is isolated (a TIR load of Tab[row * 32 + lane] costs nvcc one more op per lookup)
+        w = wb[nb, s]
+        lo, hi = T.uint32(0x0F0F0F0F), T.uint32(0xF0F0F0F0)
+        store(pv, (w & lo) | ((w >> T.uint32(12)) & hi), (0,))
+        store(pv, ((w >> T.uint32(4)) & lo) | ((w >> T.uint32(16)) & hi), (1,))
+        for k in range(4):
+            # the row's byte alone (prmt: nvcc cannot fold it into "(v << 7) & mask", which costs a third op)
+            emit(T.ptx["prmt.b32"](pv[2 + k], pv[k % 2], T.uint32(0), T.uint32(0x4440 + k // 2)))
+            emit(T.ptx["ld.shared.b32"](WF[nb, WPERM[k]], tab_lane[0] + (pv[2 + k] << T.uint32(7))))
 
     def decode_step(s, nb, wb, WF, stash, sreg, zreg, g):
         # appends the ops of the words step s starts (n16 block nb) into the weight fragment WF (B, or A with
@@ -285,6 +362,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         if ORS:     # ... and its scale (zero) words per block
             SRing = pool.alloc((ST, NB, KS * 32, 2), "uint32", align=128)
             ZRing = pool.alloc((ST, NB, KS * 32, 2), "uint32", align=128) if not POST_SCALE else SRing
+        if LUT:     # the pair table (overwritten by Part after the main loop)
+            Tab = pool.alloc((PAIR_TABLE_ROWS * TAB_COLS,), "uint32", align=128)
         pool.move_base_to(0)
         Part = pool.alloc((KS, MMAX, BN), "float32", align=128)           # partial sums (after the ring is drained)
         pool.commit()
@@ -298,6 +377,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
         ab = T.alloc_local((2, ROWS, 8), "uint32")
         sreg = T.alloc_local((NB, 2), "uint32")
         zreg = T.alloc_local((NB, 2), "uint32")
+        pv = T.alloc_local((6,), "uint32")
+        trow = T.alloc_local((4,), "uint32")
+        tab_lane = T.alloc_local((1,), "uint32")
         for q in T.unroll(16 * ROWS):
             ab[q // (8 * ROWS), q // 8 % ROWS, q % 8] = T.uint32(0)
         if not SWAP:                               # rows >= 8 of an m16 tile at M <= 8 stay 0
@@ -396,7 +478,9 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                         A_frag[r // 2, r % 2] = ab[buf, r, 2 * s]
                         A_frag[r // 2, 2 + r % 2] = ab[buf, r, 2 * s + 1]
                 for nb in T.unroll(NB):
-                    if STASHED:                    # 2 / 1-bit: a word spans 2 / 4 steps
+                    if LUT:
+                        lookup_step(s, nb, wb, WF, pv, tab_lane)
+                    elif STASHED:                  # 2 / 1-bit: a word spans 2 / 4 steps
                         if s % plan.steps_per_word == 0:
                             decode_step(s, nb, wb, WF, stash, sreg, zreg, g)
                         else:
@@ -431,6 +515,10 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
                 for nb in T.unroll(NB):
                     T.ptx["cp.async.bulk.prefetch.L2.global"](W.ptr_to([cta * NB + nb, warp * CH, 0, 0]),
                                                               T.uint32(PF * 32 * WPC * 4))
+        if LUT:                                    # constants only: before the wait
+            fill_table(Tab, trow, tid)
+            tab_lane[0] = T.cuda.cvta_generic_to_shared(T.address_of(Tab[lane]))
+        if PDL:
             T.ptx.griddepcontrol.wait()
         for j in T.unroll(ST - 1):
             if j < CH:
@@ -438,6 +526,8 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
             T.ptx["cp.async.commit_group"]()
         if not ORA:
             load_a(0, 0)
+        if LUT:
+            T.cuda.cta_sync()                      # the pair table is complete
         for jj in T.serial(CH // UNR):
             for u in T.unroll(UNR):                # ring stage u % ST and register buffer u % 2 are constants
                 if not ORA and UNR * jj + u + 1 < CH:
