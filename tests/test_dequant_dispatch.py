@@ -270,6 +270,21 @@ def test_gemv16_default_fills_one_wave_of_warps():
     assert DequantGemm(4096, 14336, arch="sm_90a", configs={"gemv16": mine}).configs["gemv16"] is mine
 
 
+def test_gemv8_default_takes_16_warps_where_the_grid_is_one_wave():
+    """gemv8 takes one 16-warp CTA per SM where its N / 32 CTAs fit one wave and K has 16 K slices of 128 (the Llama
+    down projection, attention projections), else the 8-warp default; a config the caller passes is kept."""
+    from mmaemit.kernels.dequant_dispatch import GEMV8_ONE_WAVE, gemv8_config
+
+    want = {(4096, 14336): 16, (4096, 4096): 16, (1024, 4096): 16, (8192, 8192): 8, (28672, 4096): 8,
+            (4224, 4096): 16, (4256, 4096): 8, (4096, 14336 + 1024): 8, (512, 1024): 8}
+    assert {nk: gemv8_config(*nk, sms=132).k_slices for nk in want} == want
+    assert gemv8_config(4096, 14336, sms=114).k_slices == 8          # 128 CTAs on 114 SMs: two waves
+    assert DequantGemm(4096, 14336, arch="sm_90a").configs["gemv8"] is GEMV8_ONE_WAVE
+    assert DequantGemm(28672, 4096, arch="sm_90a", gated="silu").configs["gemv8"] == GemvConfig()
+    mine = GemvConfig(n_blocks=1)
+    assert DequantGemm(4096, 14336, arch="sm_90a", configs={"gemv8": mine}).configs["gemv8"] is mine
+
+
 def test_8bit_plan_takes_the_fused_paths_from_m_1():
     """8-bit weights with a fast scaled decode (int8 / int8_ob / fp8 with fp16, int8 with bf16: the split magic) take
     fused8 / fused16 instead of the GEMVs and 8-bit rings (fewer chunks per stage, deeper, within shared memory);

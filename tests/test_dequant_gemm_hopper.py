@@ -302,6 +302,62 @@ def test_fused_hopper_shared_quad_repair_is_bit_identical(fmt, zeros, dtype):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("fmt, zeros, dtype, cps, in_flight", [("int4", None, torch.float16, 2, 1),
+                                                                 ("int2", None, torch.float16, 4, 1),
+                                                                 ("int8", None, torch.bfloat16, 1, 1),
+                                                                 ("uint4", "quantized", torch.float16, 4, 0),
+                                                                 ("nf4", None, torch.float16, 2, 1)])
+def test_fused_hopper_lookahead_is_bit_identical(fmt, zeros, dtype, cps, in_flight):
+    """lookahead=True (a stage's words loaded at once, chunk j + 1's quad shuffles before chunk j's decode) gives the
+    bits of the plain order for every word width, 1 / 2 / 4 chunks per stage, both A-buffer modes, zero points and
+    nf4's tables; with quad_repair="shared" it is refused."""
+    g = torch.Generator().manual_seed(len(fmt) + cps)
+    qw = D.quantize(torch.randn(128, 1024, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(20, 1024, generator=g).to(dtype)
+    outs = []
+    for lookahead in (False, True):
+        cfg = HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=cps,
+                                  in_flight=in_flight, lookahead=lookahead)
+        func, _ = make_dequant_gemm_hopper(None, 128, 1024, dtype=str(dtype)[6:], config=cfg, **kw)
+        C = torch.full((20, 128), float("nan"), dtype=dtype)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    ref = A.double() @ qw.dequantize().double().T
+    assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < (3e-3 if dtype == torch.float16 else 1e-2)
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(UnsupportedConfigError, match="lookahead=True works on the shuffle repair"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(lookahead=True, quad_repair="shared"))
+    with pytest.raises(UnsupportedConfigError, match="lookahead=1; valid: True, False"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(lookahead=1))
+
+
+def test_fused_hopper_lookahead_sass():
+    """sm_90a SASS of fused96's default (lookahead) against the plain order: with lookahead the next chunk's quad
+    shuffles sit among this chunk's wgmmas (between its first and last HGMMA), in the plain order never; no
+    spills."""
+    import re
+
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    cfg = DequantGemm(8192, 8192, arch="sm_90a").configs["fused96"]
+    assert cfg.lookahead
+    interleaved = {}
+    for lookahead in (True, False):
+        k = mmaemit.compile(make_dequant_gemm_hopper(None, 8192, 8192, 128, "float16",
+                                                     dataclasses.replace(cfg, lookahead=lookahead), "sm_90a")[0],
+                            target="sm_90a")
+        ops = re.findall(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", k.sass("sm_90a"))
+        at = [i for i, op in enumerate(ops) if op == "WARPGROUP.ARRIVE"]
+        n = 0
+        for a, b in zip(at, at[1:]):
+            h = [i for i, o in enumerate(ops[a:b]) if o.startswith("HGMMA")]
+            n += bool(h) and any(o.startswith("SHFL") for o in ops[a:b][h[0]:h[-1]])
+        interleaved[lookahead] = n
+        assert k.resource_usage("sm_90a").spill_bytes == 0
+    assert interleaved[True] >= 1 and interleaved[False] == 0, interleaved
+
+
 def test_fused_hopper_shared_quad_repair_sass():
     """sm_90a SASS of fused64's shape, int4: with quad_repair="shared" the consumers issue no shuffles (the one left
     is the warp-index broadcast at entry) and fewer instructions per chunk than with the shuffle transpose."""

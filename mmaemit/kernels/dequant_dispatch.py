@@ -8,7 +8,8 @@ group), and fp4 / fp8 with fp16 activations; N a multiple of 64) the plan is
 ==============  ====================  ==========================================================================
 path            M range (defaults)    kernel
 ==============  ====================  ==========================================================================
-``gemv8``       1 .. 8                :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``
+``gemv8``       1 .. 8                :func:`~mmaemit.kernels.dequant_gemm.make_dequant_gemv`, ``m_max=8``; 16 warps
+                                      per CTA where its N / 32 CTAs fit one wave (:func:`gemv8_config`)
 ``gemv16``      9 .. 16               the same with ``m_max=16`` (two token rows per lane), warps per CTA from
                                       :func:`gemv16_config` (one wave of warps for the grid)
 ``fused32``     17 .. 32              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
@@ -80,7 +81,8 @@ from .gated import check_gate, gate_into
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
-           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "prebuild", "warmup_all"]
+           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "GEMV8_ONE_WAVE", "gemv8_config", "prebuild",
+           "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -113,6 +115,8 @@ EXTRA_PATHS = ("wgmma",)
 GEMV16_CONFIGS = {4: GemvConfig(2, 4, 4, 4), 8: GemvConfig(), 16: GemvConfig(2, 16, 3, 1)}
 #: warps per SM a GEMV grid should have for one full wave
 GEMV_WAVE_WARPS_PER_SM = 16
+#: ``gemv8``'s config where its grid is at most one CTA per SM (:func:`gemv8_config`)
+GEMV8_ONE_WAVE = GemvConfig(2, 16, 3, 1)
 
 
 def gemv16_config(N, K, sms=None) -> GemvConfig:
@@ -128,6 +132,20 @@ def gemv16_config(N, K, sms=None) -> GemvConfig:
     return GEMV16_CONFIGS[min(fits, key=lambda ks: (abs(N // 32 * ks - wave), ks != 8))]
 
 
+def gemv8_config(N, K, sms=None) -> GemvConfig:
+    """``gemv8``'s default for an N x K problem: :data:`GEMV8_ONE_WAVE` (16 warps per CTA, one CTA per SM) where the
+    grid of N / 32 CTAs fits one wave at one CTA per SM of ``sms`` (None: the visible GPU's) and K allows 16 K slices,
+    else ``GemvConfig()`` (8 warps, two CTAs per SM). Why: with programmatic dependent launch a GEMV's CTAs start
+    while the kernel before it drains, and the first SMs to free up took two 8-warp CTAs each, leaving others idle:
+    the Llama MLP block's down projection (4096 x 14336, 128 CTAs) ran 19.4-20.8 us after the gated GEMV instead of
+    13 (H100, M=1, CUDA graph); with one 16-warp CTA per SM the block took 42.3-43.6 us against 44.6-47.5
+    (docs/perf-notes.md, tenth session)."""
+    wave = device_sm_count() if sms is None else int(sms)
+    if N % 32 == 0 and N // 32 <= wave and K % (128 * GEMV8_ONE_WAVE.k_slices) == 0:
+        return GEMV8_ONE_WAVE
+    return GemvConfig()
+
+
 _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig(n_blocks=1),
              "tiled64": TiledConfig(64, 64, 32, 32, 4),
              "tiled128": TiledConfig(), "dense": DenseConfig(), "hopper": HopperGemmConfig(),
@@ -138,7 +156,8 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
                                             consumer_regs=112, producer_regs=24),
              "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=5, k_split=True, chunks_per_stage=4),
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
-             "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2),
+             "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
+                                            lookahead=True),
              "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=5, k_split=True, chunks_per_stage=2),
              "fused160": HopperDequantConfig(block_m=160, consumers=2, stages=5),
              "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=4, chunks_per_stage=2),
@@ -237,6 +256,8 @@ class DequantGemm:
                 self.configs[path] = self._default_fused(path, self.configs[path])
         if "gemv16" not in (configs or {}):
             self.configs["gemv16"] = gemv16_config(self.N, self.K)
+        if "gemv8" not in (configs or {}):
+            self.configs["gemv8"] = gemv8_config(self.N, self.K)
         hopper = self.arch == "sm_90a"
         self.large_m = (LARGE_M if large_m is None else int(large_m)) if hopper else None
         self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None

@@ -111,7 +111,15 @@ class HopperDequantConfig:
     ``quad_repair``: ``"shuffle"`` builds each quad partner's bundle from the lane's own words and transposes them
     over the quad (``shfl.sync.bfly``, 4 per bundle word and chunk); ``"shared"`` reads the partners' words straight
     from the ring stage instead (two ``ld.shared`` per bundle word, at per-lane offsets) and rotates the codes into
-    place (:meth:`QuadRepairPlan.shared_terms`): no shuffles or selects (interpreter-checked; not yet timed)."""
+    place (:meth:`QuadRepairPlan.shared_terms`): no shuffles or selects, 5 fewer SASS instructions per chunk, but
+    slower on the H100 (8192^2 int4: M=32 19.9-20.1 against 19.1-19.2 us, M=64 25.2-26.2 against 24.3-25.0, M=128
+    36.4-37.4 against 34.2-34.8; ``docs/perf-notes.md``, tenth session).
+    ``lookahead`` (with ``quad_repair="shuffle"``): a consumer loads the words of every chunk of a stage right after
+    its barrier (one ``ld.shared`` each, at once) and issues chunk j + 1's quad shuffles before it decodes chunk j,
+    so their latencies run under the decode and the wgmmas instead of stalling each chunk (ncu of fused64 had ~10 %
+    of the consumers' samples at the first use of each chunk's words and ~6 % at the shuffles' results). Same bits;
+    H100, 8192^2 int4: M=96 28.9-29.4 against 30.3-31.6 us, M = 32-64 within the spread, M=128 35.0-36.5 against
+    33.1-34.3, so only ``fused96`` has it by default."""
 
     block_m: int = 128
     consumers: int = 2
@@ -129,6 +137,7 @@ class HopperDequantConfig:
     pdl: bool = True
     pdl_prefetch: int | None = None
     quad_repair: str = "shuffle"
+    lookahead: bool = False
 
     @property
     def k_multiple(self) -> int:
@@ -382,6 +391,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise UnsupportedConfigError(f"handover={cfg.handover!r}; valid: {choices(HANDOVERS)}")
     if cfg.quad_repair not in QUAD_REPAIRS:
         raise UnsupportedConfigError(f"quad_repair={cfg.quad_repair!r}; valid: {choices(QUAD_REPAIRS)}")
+    if not isinstance(cfg.lookahead, bool):
+        raise UnsupportedConfigError(f"lookahead={cfg.lookahead!r}; valid: True, False")
+    if cfg.lookahead and cfg.quad_repair != "shuffle":
+        raise UnsupportedConfigError("lookahead=True works on the shuffle repair (it issues a chunk's shuffles "
+                                     "early); quad_repair='shared' reads its partners' words in place: use "
+                                     "lookahead=False")
     if cfg.handover == "rounds" and not cfg.k_split:
         raise UnsupportedConfigError("handover='rounds' passes k_split consumers' sums to consumer 0; without "
                                      "k_split=True each consumer stores its own rows: use handover='parallel'")
@@ -444,6 +459,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     TB = PLAN.bundle_words
     SHARED_REPAIR = cfg.quad_repair == "shared"
+    LOOKAHEAD = cfg.lookahead
     # with "shared": (bundle word b, mask, per-receiver (word, rotation)) of every term, in bundle-word order
     SHARED_TERMS = ([(b, m, per_q) for b, terms in enumerate(PLAN.shared_terms()) for m, per_q in terms]
                     if SHARED_REPAIR else [])
@@ -471,12 +487,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     emit(T.ptx.shf.l.wrap.b32(rr[NRR - ROT + t], v, v, rr[2 + 2 * i]))     # rotate left
                 store(y, or_all(rr[NRR - ROT + t] & T.uint32(m) for t, (_, m) in enumerate(terms)), (4 * b + S,))
 
-    def repair(wb, y, rr, q):
-        # y[4 b + c'] = bundle word b for quad lane c' (built from this lane's words), then a 4 x 4 transpose over the
-        # quad per bundle word: afterwards y[4 b + S] = what lane S built for this lane = its codes of k16 step S
+    def repair(wb, off, y, rr, q):
+        # y[4 b + c'] = bundle word b for quad lane c' (built from this lane's words wb[off ..]), then a 4 x 4
+        # transpose over the quad per bundle word: afterwards y[4 b + S] = what lane S built for this lane = its codes
+        # of k16 step S
         for cp in range(4):
             for b in range(TB):
-                store(y, or_all(moved(wb[sw], sh, m) for sw, sh, m in PLAN.build[cp][b]), (4 * b + cp,))
+                store(y, or_all(moved(wb[off + sw], sh, m) for sw, sh, m in PLAN.build[cp][b]), (4 * b + cp,))
         for b in range(TB):
             for mk in (2, 1):
                 bit = (q & mk) != 0
@@ -515,10 +532,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 program.emit(word, regs, scale_pair=word_pairs(sp, w), zero_pair=word_pairs(zp, w) if HAS_Z else None)
 
     @T.inline
-    def sub(Ss, Zs, Ws, acc, af, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, j, first, blk, lane, g, q, final):
+    def sub(Ss, Zs, Ws, acc, af, wb, wpre, y, ynext, rr, sv, sp, zp, opr, desc, s, it, u, j, first, blk, lane, g, q,
+            final):
         # chunk j (a Python int) of the unit in stage s: words, scales (and zeros) -> A registers af -> 4 wgmmas;
         # hoisted operands are rebuilt where a scale group may start: the unit's first chunk, chunks at a group
-        # boundary of the stage, every chunk when a group straddles stages (one scale box per chunk)
+        # boundary of the stage, every chunk when a group straddles stages (one scale box per chunk). With
+        # lookahead the unit loaded every chunk's words into wpre and repaired chunk 0 into y; chunk j repairs
+        # chunk j + 1 into ynext before it decodes, so those shuffles run under this chunk's decode
         fresh = T.meta_var(not HOIST or j == 0 or SPS > 1 or j * CHUNK % G == 0)
         if fresh:
             T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, j if SPS > 1 else 0, blk,
@@ -528,10 +548,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                                                    j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
         if SHARED_REPAIR:
             shared_repair(Ws, s, blk, j, g, y, rr)
+        elif LOOKAHEAD:
+            if j + 1 < CPS:
+                repair(wpre, (j + 1) * WPC, ynext, rr, q)
         else:
             for w in T.unroll(WPC):
                 wb[w] = T.reinterpret("uint32", Ws[s, blk, j, lane, w])
-            repair(wb, y, rr, q)
+            repair(wb, 0, y, rr, q)
         if fresh:
             sp[0] = pair_of_column(sv[0], sv[1], g, 0)
             sp[1] = pair_of_column(sv[0], sv[1], g, 1)
@@ -566,7 +589,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 ring.consumer_release(it + ST - STEP, pred=u > first)
 
     @T.inline
-    def unit(Ss, Zs, Ws, acc, afa, afb, wb, y, rr, sv, sp, zp, opr, desc, t, u, first, c, warp, lane, g, q,
+    def unit(Ss, Zs, Ws, acc, afa, afb, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, u, first, c, warp, lane, g, q,
              final=False):
         # ring stage u of tile t (chunks kt = CPS u .. CPS u + CPS - 1); first: this consumer's first unit (0, or c
         # with k_split); its previous one is u - STEP. CPS = 1: chunk on afa (the caller alternates the buffers);
@@ -575,12 +598,21 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         s = T.meta_var(ring.stage(it))
         blk = T.meta_var((0 if KS else c) * 4 + warp)     # the warp's n16 block in the stage
         ring.consumer_wait(it)
-        sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q, final)
+        yb = T.meta_var(y2 if LOOKAHEAD else y)       # chunk j's bundles: y for even j, yb for odd j
+        if LOOKAHEAD:                  # every chunk's words at once, then chunk 0's repair
+            for w in T.unroll(CPS * WPC):
+                wpre[w] = T.reinterpret("uint32", Ws[s, blk, w // WPC, lane, w % WPC])
+            repair(wpre, 0, y, rr, q)
+        sub(Ss, Zs, Ws, acc, afa, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q,
+            final)
         if CPS >= 2:
-            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afb, wb, wpre, yb, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g, q,
+                final)
         if CPS == 4:
-            sub(Ss, Zs, Ws, acc, afa, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g, q, final)
-            sub(Ss, Zs, Ws, acc, afb, wb, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g, q, final)
+            sub(Ss, Zs, Ws, acc, afa, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g, q,
+                final)
+            sub(Ss, Zs, Ws, acc, afb, wb, wpre, yb, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g, q,
+                final)
 
     @T.inline
     def epilogue(Cs, c_map, acc, tm, tn, r, tid):
@@ -671,6 +703,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             af1 = T.alloc_local((4 * KSTEPS,), "uint32")
             wb = T.alloc_local((WPC,), "uint32")
             y = T.alloc_local((4 * PLAN.bundle_words,), "uint32")
+            y2 = T.alloc_local((4 * PLAN.bundle_words,), "uint32") if LOOKAHEAD else y
+            wpre = T.alloc_local((CPS * WPC,), "uint32") if LOOKAHEAD else wb
             rr = T.alloc_local((NRR,), "uint32")
             if SHARED_REPAIR:
                 shared_tables(rr, q)
@@ -688,29 +722,29 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 first = T.meta_var(c if KS else 0)
                 if INF == 0:
                     for j in T.serial(KC):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
                              warp, lane, g, q)
                 elif CPS > 1:
                     # every unit alternates the A buffers itself; the last one retires all
                     for j in T.serial(KC - 1):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
                              warp, lane, g, q)
-                    unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                    unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                          first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 else:
                     # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
                     for j2 in T.serial(PAIRS):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (2 * j2), first, c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (2 * j2 + 1), first, c, warp, lane, g, q)
                     if KC - 2 * PAIRS == 2:
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (KC - 2), first, c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, wb, y, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                     else:
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, y, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
                 if KS:
