@@ -279,26 +279,33 @@ def test_fused_hopper_pdl_is_bit_identical(sms, prefetch):
     assert torch.equal(outs[0], outs[1])
 
 
+def _fused_variants(fmt, zeros, dtype, K, seed, configs):
+    """The fused kernel's outputs on the interpreter (N=128, M=20, symbolic M) for each config on one random problem;
+    the first is checked for NaN (poisoned output) and against the float64 product."""
+    g = torch.Generator().manual_seed(seed)
+    qw = D.quantize(torch.randn(128, K, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(20, K, generator=g).to(dtype)
+    outs = []
+    for cfg in configs:
+        func, _ = make_dequant_gemm_hopper(None, 128, K, dtype=str(dtype)[6:], config=cfg, **kw)
+        C = torch.full((20, 128), float("nan"), dtype=dtype)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    ref = A.double() @ qw.dequantize().double().T
+    assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < (3e-3 if dtype == torch.float16 else 1e-2)
+    return outs
+
+
 @pytest.mark.parametrize("fmt, zeros, dtype", [("int4", None, torch.float16), ("int8", None, torch.bfloat16),
                                                ("uint2", "quantized", torch.float16), ("int1", None, torch.float16)])
 def test_fused_hopper_shared_quad_repair_is_bit_identical(fmt, zeros, dtype):
     """quad_repair="shared" (each lane reads its quad partners' words from the ring stage and rotates their codes
     into place) gives the bits of the shuffle transpose, for every word width (8-bit: two bundle words; 2 / 1-bit:
     bundles assembled after the transpose)."""
-    g = torch.Generator().manual_seed(len(fmt))
-    qw = D.quantize(torch.randn(128, 512, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
-    tensors, kw = kernel_arguments(qw)
-    A = torch.randn(20, 512, generator=g).to(dtype)
-    outs = []
-    for repair in ("shuffle", "shared"):
-        cfg = HopperDequantConfig(block_m=32, consumers=2, stages=3, k_split=True, chunks_per_stage=2,
-                                  quad_repair=repair)
-        func, _ = make_dequant_gemm_hopper(None, 128, 512, dtype=str(dtype)[6:], config=cfg, **kw)
-        C = torch.full((20, 128), float("nan"), dtype=dtype)
-        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
-        outs.append(C)
-    ref = A.double() @ qw.dequantize().double().T
-    assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < (3e-3 if dtype == torch.float16 else 1e-2)
+    outs = _fused_variants(fmt, zeros, dtype, 512, len(fmt), [
+        HopperDequantConfig(block_m=32, consumers=2, stages=3, k_split=True, chunks_per_stage=2, quad_repair=repair)
+        for repair in ("shuffle", "shared")])
     assert torch.equal(outs[0], outs[1])
 
 
@@ -311,20 +318,9 @@ def test_fused_hopper_lookahead_is_bit_identical(fmt, zeros, dtype, cps, in_flig
     """lookahead=True (a stage's words loaded at once, chunk j + 1's quad shuffles before chunk j's decode) gives the
     bits of the plain order for every word width, 1 / 2 / 4 chunks per stage, both A-buffer modes, zero points and
     nf4's tables; with quad_repair="shared" it is refused."""
-    g = torch.Generator().manual_seed(len(fmt) + cps)
-    qw = D.quantize(torch.randn(128, 1024, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
-    tensors, kw = kernel_arguments(qw)
-    A = torch.randn(20, 1024, generator=g).to(dtype)
-    outs = []
-    for lookahead in (False, True):
-        cfg = HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=cps,
-                                  in_flight=in_flight, lookahead=lookahead)
-        func, _ = make_dequant_gemm_hopper(None, 128, 1024, dtype=str(dtype)[6:], config=cfg, **kw)
-        C = torch.full((20, 128), float("nan"), dtype=dtype)
-        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
-        outs.append(C)
-    ref = A.double() @ qw.dequantize().double().T
-    assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < (3e-3 if dtype == torch.float16 else 1e-2)
+    outs = _fused_variants(fmt, zeros, dtype, 1024, len(fmt) + cps, [
+        HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=cps,
+                            in_flight=in_flight, lookahead=lookahead) for lookahead in (False, True)])
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(UnsupportedConfigError, match="lookahead=True works on the shuffle repair"):
         make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(lookahead=True, quad_repair="shared"))
