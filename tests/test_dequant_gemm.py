@@ -196,7 +196,8 @@ def test_gemv_shared_pair_table_sass_and_refusals():
         assert kernel.resource_usage("sm_90a").spill_bytes == 0
     assert hists["shared"].get("LDS", 0) >= 128 and hists["registers"].get("LDS", 0) < 16
     assert sum(hists["shared"].values()) < 0.9 * sum(hists["registers"].values())
-    with pytest.raises(mmaemit.UnsupportedConfigError, match="lookup='shared' is for table formats \\('nf4'\\), not 'int4'"):
+    with pytest.raises(mmaemit.UnsupportedConfigError,
+                       match="lookup='shared' is for table formats \\('nf4'\\), not 'int4'"):
         make_dequant_gemv(1, 256, 4096, config=GemvConfig(lookup="shared"), weight_format="int4")
     with pytest.raises(mmaemit.UnsupportedConfigError, match="k_slices a power of two, not 3"):
         make_dequant_gemv(1, 256, 3 * 128 * 2, config=GemvConfig(k_slices=3, lookup="shared"), weight_format="nf4")

@@ -39,13 +39,13 @@ from dataclasses import dataclass
 
 from mmaemit import TensorCoreIntrinEmitter, isa
 from mmaemit.arch import as_arch
-from mmaemit.dequant.formats import get_format
 from mmaemit.dequant.kernel_layout import CHUNK, words_per_chunk
 from mmaemit.dtypes import canonical
 from mmaemit.emitters.builder import emit, only_if, store
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
-from mmaemit.kernels.dequant_parts import (WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_MODES, check_scheme,  # noqa: F401
-                                           grid_kernel, kernel_decode_program, pair_of_column, symbolic_m)
+from mmaemit.kernels.dequant_parts import (TABLE_FORMATS, WEIGHT_FORMATS, ZEROS_FORMATS, ZEROS_MODES,  # noqa: F401
+                                           check_scheme, grid_kernel, kernel_decode_program, pair_of_column,
+                                           symbolic_m)
 from mmaemit.kernels.gated import check_gate, gate_tir
 from mmaemit.runtime.launch import programmatic_dependent_launch
 
@@ -286,20 +286,20 @@ def make_dequant_gemv(M, N, K, group_size=128, dtype="float16", config: GemvConf
     LUT = config.lookup
     if LUT is not None and LUT not in LOOKUPS:
         raise UnsupportedConfigError(f"lookup={config.lookup!r}; valid: None, {choices(LOOKUPS)}")
-    tables = [f for f in WEIGHT_FORMATS if get_format(f).kind == "lut"]
     fill_fits = not (THREADS % PAIR_TABLE_ROWS and PAIR_TABLE_ROWS % THREADS)
-    LUT = (weight_format in tables and fill_fits) if LUT is None else LUT == "shared"
+    LUT = (weight_format in TABLE_FORMATS and fill_fits) if LUT is None else LUT == "shared"
     if LUT:
-        if weight_format not in tables:
-            raise UnsupportedConfigError(f"lookup='shared' is for table formats ({choices(tables)}), not "
+        if weight_format not in TABLE_FORMATS:
+            raise UnsupportedConfigError(f"lookup='shared' is for table formats ({choices(TABLE_FORMATS)}), not "
                                          f"{weight_format!r}")
         if not fill_fits:
             raise UnsupportedConfigError(f"lookup='shared' fills its table with 32 * k_slices threads, which must "
                                          f"divide or be a multiple of {PAIR_TABLE_ROWS}: k_slices a power of two, "
                                          f"not {KS}")
-        if register_nibbles(program) != [(k, k + 4) for k in range(4)]:
-            raise AssertionError(f"lookup='shared' reads register k's codes from nibbles k and k + 4; the {weight_format} "
-                                 f"decode pairs {register_nibbles(program)}")
+        pairing = register_nibbles(program)
+        if pairing != [(k, k + 4) for k in range(4)]:
+            raise AssertionError(f"lookup='shared' reads register k's codes from nibbles k and k + 4; the "
+                                 f"{weight_format} decode pairs {pairing}")
     TAB_COLS = PAIR_TABLE_COPIES
 
     def fill_table(Tab, trow, tid):

@@ -598,7 +598,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         s = T.meta_var(ring.stage(it))
         blk = T.meta_var((0 if KS else c) * 4 + warp)     # the warp's n16 block in the stage
         ring.consumer_wait(it)
-        yb = T.meta_var(y2 if LOOKAHEAD else y)       # chunk j's bundles: y for even j, yb for odd j
+        # chunk j's bundles: y for even j, y2 for odd j (y2 is y without lookahead)
         if LOOKAHEAD:                  # every chunk's words at once, then chunk 0's repair
             for w in T.unroll(CPS * WPC):
                 wpre[w] = T.reinterpret("uint32", Ws[s, blk, w // WPC, lane, w % WPC])
@@ -606,12 +606,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         sub(Ss, Zs, Ws, acc, afa, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q,
             final)
         if CPS >= 2:
-            sub(Ss, Zs, Ws, acc, afb, wb, wpre, yb, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g, q,
+            sub(Ss, Zs, Ws, acc, afb, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g, q,
                 final)
         if CPS == 4:
             sub(Ss, Zs, Ws, acc, afa, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g, q,
                 final)
-            sub(Ss, Zs, Ws, acc, afb, wb, wpre, yb, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g, q,
+            sub(Ss, Zs, Ws, acc, afb, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g, q,
                 final)
 
     @T.inline
@@ -722,13 +722,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 first = T.meta_var(c if KS else 0)
                 if INF == 0:
                     for j in T.serial(KC):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
-                             warp, lane, g, q)
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                             first + STEP * j, first, c, warp, lane, g, q)
                 elif CPS > 1:
                     # every unit alternates the A buffers itself; the last one retires all
                     for j in T.serial(KC - 1):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, first + STEP * j, first, c,
-                             warp, lane, g, q)
+                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                             first + STEP * j, first, c, warp, lane, g, q)
                     unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                          first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 else:

@@ -8,11 +8,12 @@ from mmaemit.dequant.formats import get_format
 from mmaemit.dequant.kernel_layout import CHUNK, KERNEL_FORMATS
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
-__all__ = ["WEIGHT_FORMATS", "ZEROS_FORMATS", "ZEROS_MODES", "kernel_decode_program", "check_scheme",
+__all__ = ["WEIGHT_FORMATS", "ZEROS_FORMATS", "TABLE_FORMATS", "ZEROS_MODES", "kernel_decode_program", "check_scheme",
            "pair_of_column", "grid_kernel", "symbolic_m"]
 
 WEIGHT_FORMATS = KERNEL_FORMATS      # every per-element format with a per-(n, group) scale: one kernel layout
 ZEROS_FORMATS = tuple(f for f in WEIGHT_FORMATS if get_format(f).kind == "uint")   # zero points: unsigned codes
+TABLE_FORMATS = tuple(f for f in WEIGHT_FORMATS if get_format(f).kind == "lut")     # values from a table (nf4)
 ZEROS_MODES = (None, "original", "rescale", "quantized")
 
 
