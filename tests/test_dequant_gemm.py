@@ -203,8 +203,13 @@ def test_gemv_shared_pair_table_sass_and_refusals():
         make_dequant_gemv(1, 256, 3 * 128 * 2, config=GemvConfig(k_slices=3, lookup="shared"), weight_format="nf4")
     with pytest.raises(mmaemit.UnsupportedConfigError, match="lookup='table'; valid: None, 'registers', 'shared'"):
         make_dequant_gemv(1, 256, 4096, config=GemvConfig(lookup="table"), weight_format="nf4")
-    # None falls back to the register decode where the table fill does not fit the threads
-    make_dequant_gemv(1, 256, 3 * 128 * 2, config=GemvConfig(k_slices=3), weight_format="nf4")
+    # None takes the table for nf4, and falls back to the register decode where the fill does not fit the threads
+    def has_table(k_slices):
+        func, _ = make_dequant_gemv(1, 256, k_slices * 128 * 2, config=GemvConfig(k_slices=k_slices),
+                                    weight_format="nf4")
+        return "Tab = T.decl_buffer" in func.script()
+
+    assert has_table(4) and not has_table(3)
 
 
 def test_gemv_weights_as_a_halves_the_mma_at_m8():
