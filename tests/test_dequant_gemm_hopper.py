@@ -328,6 +328,47 @@ def test_fused_hopper_lookahead_is_bit_identical(fmt, zeros, dtype, cps, in_flig
         make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(lookahead=1))
 
 
+@pytest.mark.parametrize("fmt, zeros, dtype, consumers, in_flight, lookahead", [
+    ("int4", None, torch.float16, 2, 1, False), ("uint4", "quantized", torch.float16, 4, 1, False),
+    ("int2", None, torch.bfloat16, 2, 0, False), ("nf4", None, torch.float16, 2, 1, True),
+    ("int8", None, torch.bfloat16, 2, 1, False)])
+def test_fused_hopper_chunk_pairs_are_bit_identical(fmt, zeros, dtype, consumers, in_flight, lookahead):
+    """chunks_per_group=2 (two chunks' wgmmas in one commit group, four A buffers with a group in flight) gives the
+    bits of one chunk per group: 2 and 4 k_split consumers, both A-buffer modes, lookahead, zero points, nf4's
+    tables, 2- and 8-bit words; other values and stages of fewer than 4 chunks are refused."""
+    regs = dict(consumer_regs=112, producer_regs=24) if consumers == 4 else {}
+    outs = _fused_variants(fmt, zeros, dtype, 1024, len(fmt) + consumers, [
+        HopperDequantConfig(block_m=32, consumers=consumers, stages=consumers + 2, k_split=True, chunks_per_stage=4,
+                            in_flight=in_flight, lookahead=lookahead, chunks_per_group=cpg, **regs)
+        for cpg in (1, 2)])
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(UnsupportedConfigError, match="chunks_per_group=3; valid: 1, 2"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(chunks_per_group=3))
+    with pytest.raises(UnsupportedConfigError, match="needs chunks_per_stage=4"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(chunks_per_group=2, chunks_per_stage=2))
+
+
+def test_fused_hopper_chunk_pairs_sass():
+    """sm_90a SASS of fused32's and fused48's defaults (two chunks per wgmma group): half the wgmma fences of one
+    chunk per group, the same HGMMA count, no spills for 4-, 2- and 1-bit weights, zero points and nf4."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    for path in ("fused32", "fused48"):
+        cfg = DequantGemm(8192, 8192, arch="sm_90a").configs[path]
+        assert cfg.chunks_per_group == 2
+        counts = {}
+        for fmt, zeros in (("int4", None), ("uint4", "quantized"), ("nf4", None), ("int2", None), ("int1", None)):
+            for cpg in ((1, 2) if fmt == "int4" else (2,)):
+                k = mmaemit.compile(make_dequant_gemm_hopper(None, 8192, 8192, 128, "float16",
+                                                             dataclasses.replace(cfg, chunks_per_group=cpg), "sm_90a",
+                                                             weight_format=fmt, zeros_mode=zeros)[0], target="sm_90a")
+                assert k.resource_usage("sm_90a").spill_bytes == 0, (path, fmt)
+                sass = k.sass("sm_90a")
+                counts[fmt, cpg] = (sass.count("WARPGROUP.ARRIVE"), sass.count("HGMMA."))
+        (fences1, hgmma1), (fences2, hgmma2) = counts["int4", 1], counts["int4", 2]
+        assert fences2 * 2 == fences1 and hgmma2 == hgmma1, (path, counts)
+
+
 def test_fused_hopper_lookahead_sass():
     """sm_90a SASS of fused96's default (lookahead) against the plain order: with lookahead the next chunk's quad
     shuffles sit among this chunk's wgmmas (between its first and last HGMMA), in the plain order never; no

@@ -14,10 +14,11 @@ path            M range (defaults)    kernel
                                       :func:`gemv16_config` (one wave of warps for the grid)
 ``fused32``     17 .. 32              :func:`~mmaemit.kernels.dequant_gemm_hopper.make_dequant_gemm_hopper` (TMA +
                                       mbarrier ring, warp-specialized, codes decoded into RS wgmma), 32 activation
-                                      rows x 64 weight rows per tile, two consumer warpgroups splitting K
-                                      (``k_split``), 8 stages of 4 chunks (fewer for K not a multiple of 512)
-``fused48``     33 .. 48              the same, 48 activation rows, 5 stages
-``fused64``     49 .. 64              the same, 64 activation rows, 4 stages
+                                      rows x 64 weight rows per tile, four consumer warpgroups splitting K
+                                      (``k_split``), 8 stages of 4 chunks (fewer for K not a multiple of 1024),
+                                      two chunks per wgmma group
+``fused48``     33 .. 48              the same, 48 activation rows, two consumers, 5 stages
+``fused64``     49 .. 64              the same, 64 activation rows, 4 stages, one chunk per wgmma group
 ``fused96``     65 .. 96              the same, 96 activation rows, 6 stages of 2 chunks
 ``fused128``    97 .. 128             the same, 128 activation rows, 5 stages of 2 chunks
 ``fused160``    129 .. 160            160 x 128 tiles, two consumer warpgroups, 5 stages of one chunk
@@ -153,8 +154,9 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused8": HopperDequantConfig(block_m=8, consumers=2, stages=6, k_split=True, chunks_per_stage=4),
              "fused16": HopperDequantConfig(block_m=16, consumers=2, stages=6, k_split=True, chunks_per_stage=4),
              "fused32": HopperDequantConfig(block_m=32, consumers=4, stages=8, k_split=True, chunks_per_stage=4,
-                                            consumer_regs=112, producer_regs=24),
-             "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=5, k_split=True, chunks_per_stage=4),
+                                            consumer_regs=112, producer_regs=24, chunks_per_group=2),
+             "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=5, k_split=True, chunks_per_stage=4,
+                                            chunks_per_group=2),
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
                                             lookahead=True),
@@ -165,7 +167,8 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
 
 
 def _ring(cps, stages, **kw) -> dict:
-    return dict(chunks_per_stage=cps, stages=stages, **kw)
+    # two chunks per wgmma group pair a stage's 4 chunks: rings of fewer chunks per stage take one per group
+    return dict(chunks_per_stage=cps, stages=stages, **({} if cps == 4 else {"chunks_per_group": 1}), **kw)
 
 
 #: fused32's two-consumer shape (the 4-consumer default needs K a multiple of 1024 and 4-bit or narrower weights)

@@ -119,7 +119,12 @@ class HopperDequantConfig:
     so their latencies run under the decode and the wgmmas instead of stalling each chunk (ncu of fused64 had ~10 %
     of the consumers' samples at the first use of each chunk's words and ~6 % at the shuffles' results). Same bits;
     H100, 8192^2 int4: M=96 28.9-29.4 against 30.3-31.6 us, M = 32-64 within the spread, M=128 35.0-36.5 against
-    33.1-34.3, so only ``fused96`` has it by default."""
+    33.1-34.3, so only ``fused96`` has it by default.
+    ``chunks_per_group`` (1 or 2): 64-wide chunks per wgmma commit group. With 2 a consumer decodes chunk j into one
+    A buffer and chunk j + 1 into another, then issues one ``wgmma.fence``, the 8 wgmmas of both and one commit: half
+    the warpgroup synchronisations (a wgmma starts when all four warps of its warpgroup have issued it, so each one
+    waits for the slowest warp's decode). With ``in_flight=1`` a pair decodes while the previous pair's wgmmas run
+    (four A buffers, 32 more registers per consumer thread). Needs ``chunks_per_stage=4``."""
 
     block_m: int = 128
     consumers: int = 2
@@ -138,6 +143,7 @@ class HopperDequantConfig:
     pdl_prefetch: int | None = None
     quad_repair: str = "shuffle"
     lookahead: bool = False
+    chunks_per_group: int = 1
 
     @property
     def k_multiple(self) -> int:
@@ -393,6 +399,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise UnsupportedConfigError(f"quad_repair={cfg.quad_repair!r}; valid: {choices(QUAD_REPAIRS)}")
     if not isinstance(cfg.lookahead, bool):
         raise UnsupportedConfigError(f"lookahead={cfg.lookahead!r}; valid: True, False")
+    CPG = cfg.chunks_per_group
+    if CPG not in (1, 2) or isinstance(CPG, bool):
+        raise UnsupportedConfigError(f"chunks_per_group={CPG!r}; valid: 1, 2")
+    if CPG == 2 and CPS != 4:
+        raise UnsupportedConfigError(f"chunks_per_group=2 pairs the chunks of a stage and needs chunks_per_stage=4 "
+                                     f"(every stage then starts on the same A buffers), not {CPS}")
     if cfg.lookahead and cfg.quad_repair != "shuffle":
         raise UnsupportedConfigError("lookahead=True works on the shuffle repair (it issues a chunk's shuffles "
                                      "early); quad_repair='shared' reads its partners' words in place: use "
@@ -531,14 +543,46 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             else:
                 program.emit(word, regs, scale_pair=word_pairs(sp, w), zero_pair=word_pairs(zp, w) if HAS_Z else None)
 
+    def issue(acc, af, afo, desc, s, u, j, first):
+        # one wgmma commit group: chunk j's 4 k16 steps, after chunk j - 1's (registers afo) with chunks_per_group=2
+        em.fence()
+        for jj, a_regs in ([(j - 1, afo)] if CPG == 2 else []) + [(j, af)]:
+            for ks in range(KSTEPS):
+                em.mma([acc[i] for i in range(NACC)], [a_regs[4 * ks + i] for i in range(4)], desc, ks,
+                       stage=(s, jj), scale_d=(u > first if jj == 0 else True) if ks == 0 else True)
+        em.commit_group()
+
+    def retire(it, u, j, first, final):
+        # after chunk j's commit (the last chunk of its group): retire wgmmas in the group that issued them or the
+        # next one (a wait deferred past a loop iteration made ptxas serialize every wgmma, C7514, through the
+        # epilogue's accumulator reads)
+        if INF == 0:
+            em.wait_group(0)                   # this chunk's wgmmas read af and the stage
+            if j == CPS - 1:
+                ring.consumer_release(it)
+        elif final and j == CPS - 1:
+            # the tile's last chunk retires everything in the same chunk: with the last wait after the K loop
+            # instead, ptxas scheduled the epilogue's accumulator reads above it (wrong results on the H100)
+            em.wait_group(0)
+            if CPS == 1:
+                ring.consumer_release(it + ST - STEP, pred=u > first)
+            ring.consumer_release(it)
+        else:
+            em.wait_group(1)                   # the previous group retired: its A buffers are reusable
+            if j == CPG - 1:
+                # ... and it was the last of unit u - STEP: that stage is free
+                ring.consumer_release(it + ST - STEP, pred=u > first)
+
     @T.inline
-    def sub(Ss, Zs, Ws, acc, af, wb, wpre, y, ynext, rr, sv, sp, zp, opr, desc, s, it, u, j, first, blk, lane, g, q,
-            final):
+    def sub(Ss, Zs, Ws, acc, af, afo, wb, wpre, y, ynext, rr, sv, sp, zp, opr, desc, s, it, u, j, first, blk, lane, g,
+            q, final):
         # chunk j (a Python int) of the unit in stage s: words, scales (and zeros) -> A registers af -> 4 wgmmas;
         # hoisted operands are rebuilt where a scale group may start: the unit's first chunk, chunks at a group
         # boundary of the stage, every chunk when a group straddles stages (one scale box per chunk). With
         # lookahead the unit loaded every chunk's words into wpre and repaired chunk 0 into y; chunk j repairs
-        # chunk j + 1 into ynext before it decodes, so those shuffles run under this chunk's decode
+        # chunk j + 1 into ynext before it decodes, so those shuffles run under this chunk's decode. With
+        # chunks_per_group=2 an even chunk only decodes (into af); the odd one decodes and issues both chunks' wgmmas
+        # (chunk j - 1's A registers are afo) as one group, and the retire / release logic runs per pair
         fresh = T.meta_var(not HOIST or j == 0 or SPS > 1 or j * CHUNK % G == 0)
         if fresh:
             T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, j if SPS > 1 else 0, blk,
@@ -564,36 +608,17 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             if HOIST:
                 build_operands(sp, zp, opr)
         decode_steps(wb, y, af, sp, zp, opr)
-        em.fence()
-        for ks in T.unroll(KSTEPS):
-            em.mma([acc[i] for i in range(NACC)], [af[4 * ks + i] for i in range(4)], desc, ks,
-                   stage=(s, j), scale_d=(u > first if j == 0 else True) if ks == 0 else True)
-        em.commit_group()
-        # retire wgmmas in the chunk that issued them or the next one (a wait deferred past a loop iteration made
-        # ptxas serialize every wgmma, C7514, through the epilogue's accumulator reads)
-        if INF == 0:
-            em.wait_group(0)                   # this chunk's wgmmas read af and the stage
-            if j == CPS - 1:
-                ring.consumer_release(it)
-        elif final and j == CPS - 1:
-            # the tile's last chunk retires everything in the same chunk: with the last wait after the K loop
-            # instead, ptxas scheduled the epilogue's accumulator reads above it (wrong results on the H100)
-            em.wait_group(0)
-            if CPS == 1:
-                ring.consumer_release(it + ST - STEP, pred=u > first)
-            ring.consumer_release(it)
-        else:
-            em.wait_group(1)                   # the previous chunk retired: its A buffer is reusable
-            if j == 0:
-                # ... and it was the last of unit u - STEP: that stage is free
-                ring.consumer_release(it + ST - STEP, pred=u > first)
+        if CPG == 1 or j % 2 == 1:
+            issue(acc, af, afo, desc, s, u, j, first)
+            retire(it, u, j, first, final)
 
     @T.inline
-    def unit(Ss, Zs, Ws, acc, afa, afb, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, u, first, c, warp, lane, g, q,
-             final=False):
+    def unit(Ss, Zs, Ws, acc, afa, afb, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, u, first, c, warp,
+             lane, g, q, final=False):
         # ring stage u of tile t (chunks kt = CPS u .. CPS u + CPS - 1); first: this consumer's first unit (0, or c
         # with k_split); its previous one is u - STEP. CPS = 1: chunk on afa (the caller alternates the buffers);
-        # CPS = 2, 4: the chunks alternate afa / afb, so every unit starts on afa
+        # CPS = 2, 4: the chunks alternate afa / afb, so every unit starts on afa; chunks_per_group=2: chunks 0, 1 on
+        # afa / afb, chunks 2, 3 on afc / afd
         it = T.meta_var(t * KU + u)
         s = T.meta_var(ring.stage(it))
         blk = T.meta_var((0 if KS else c) * 4 + warp)     # the warp's n16 block in the stage
@@ -603,16 +628,16 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             for w in T.unroll(CPS * WPC):
                 wpre[w] = T.reinterpret("uint32", Ws[s, blk, w // WPC, lane, w % WPC])
             repair(wpre, 0, y, rr, q)
-        sub(Ss, Zs, Ws, acc, afa, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q,
+        sub(Ss, Zs, Ws, acc, afa, afb, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q,
             final)
         if CPS >= 2:
-            sub(Ss, Zs, Ws, acc, afb, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g, q,
-                final)
+            sub(Ss, Zs, Ws, acc, afb, afa, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g,
+                q, final)
         if CPS == 4:
-            sub(Ss, Zs, Ws, acc, afa, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g, q,
-                final)
-            sub(Ss, Zs, Ws, acc, afb, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g, q,
-                final)
+            sub(Ss, Zs, Ws, acc, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g,
+                q, final)
+            sub(Ss, Zs, Ws, acc, afd, afc, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g,
+                q, final)
 
     @T.inline
     def epilogue(Cs, c_map, acc, tm, tn, r, tid):
@@ -701,6 +726,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             acc = T.alloc_local((NACC,), "float32")
             af0 = T.alloc_local((4 * KSTEPS,), "uint32")
             af1 = T.alloc_local((4 * KSTEPS,), "uint32")
+            # chunks_per_group=2 with a group in flight: chunks 2, 3 of a stage decode into their own pair of buffers
+            af2 = T.meta_var(T.alloc_local((4 * KSTEPS,), "uint32") if CPG == 2 and INF == 1 else af0)
+            af3 = T.meta_var(T.alloc_local((4 * KSTEPS,), "uint32") if CPG == 2 and INF == 1 else af1)
             wb = T.alloc_local((WPC,), "uint32")
             y = T.alloc_local((4 * PLAN.bundle_words,), "uint32")
             y2 = T.alloc_local((4 * PLAN.bundle_words,), "uint32") if LOOKAHEAD else y
@@ -722,29 +750,29 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 first = T.meta_var(c if KS else 0)
                 if INF == 0:
                     for j in T.serial(KC):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * j, first, c, warp, lane, g, q)
                 elif CPS > 1:
                     # every unit alternates the A buffers itself; the last one retires all
                     for j in T.serial(KC - 1):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * j, first, c, warp, lane, g, q)
-                    unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                    unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                          first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 else:
                     # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
                     for j2 in T.serial(PAIRS):
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (2 * j2), first, c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (2 * j2 + 1), first, c, warp, lane, g, q)
                     if KC - 2 * PAIRS == 2:
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (KC - 2), first, c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                     else:
-                        unit(Ss, Zs, Ws, acc, af0, af1, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
                 if KS:
