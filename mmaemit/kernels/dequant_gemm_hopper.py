@@ -19,7 +19,8 @@ Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`
   time per stage (measured on the H100), so a stage of 4 chunks at small M;
 * consumer warpgroups (64 weight rows each, one n16 block per warp): wait for the stage, read the lane's ``bits``
   words (4 bytes x bits), **re-pair them across the lane quad** (below), decode them straight into the wgmma A registers
-  (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit;
+  (``kernel_decode_program``, register order ``wgmma_a_order``), issue 4 ``wgmma m64n{block_m}k16`` (RS), commit
+  (``chunks_per_group=2``: two chunks decode into their own A buffers, then their 8 wgmmas go as one group);
   ``in_flight=1`` (default): two A-register buffers (K loop unrolled by 2), ``wait_group 1`` after the commit retires
   the previous chunk, whose stage is then released, so a chunk decodes while the previous one's wgmmas run; the
   tile's last chunk retires every group itself (``wait_group 0``: with that wait after the loop, ptxas moved the
@@ -557,7 +558,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # next one (a wait deferred past a loop iteration made ptxas serialize every wgmma, C7514, through the
         # epilogue's accumulator reads)
         if INF == 0:
-            em.wait_group(0)                   # this chunk's wgmmas read af and the stage
+            em.wait_group(0)                   # this group's wgmmas read its A buffers and the stage
             if j == CPS - 1:
                 ring.consumer_release(it)
         elif final and j == CPS - 1:
