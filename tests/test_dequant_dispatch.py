@@ -324,6 +324,27 @@ def test_fused_chunk_pairs_by_default_where_stages_hold_4_chunks():
         assert cfg.chunks_per_group == (2 if cfg.chunks_per_stage == 4 else 1), (K, cfg)
 
 
+def test_fused160_config_by_grid():
+    """fused160 takes 160 x 64 k_split tiles where N / 64 fits one wave and K their 128, else 160 x 128 tiles (H100,
+    8192^2 M=160: 41.9-42.1 against 59.1-59.4 us; 28672 x 8192: 158.3-161.4 against 139.1-140.1); a config the
+    caller passes is kept."""
+    from mmaemit.kernels.dequant_dispatch import _DEFAULTS, FUSED160_ONE_WAVE, fused160_config
+    from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
+
+    assert FUSED160_ONE_WAVE.k_split and FUSED160_ONE_WAVE.weight_rows == 64 and FUSED160_ONE_WAVE.block_m == 160
+    want = {(8192, 8192): True, (4096, 14336): True, (28672, 8192): False, (14336, 4096): False, (8448, 8192): True,
+            (8512, 8192): False, (8192, 576): False}
+    assert {nk: fused160_config(*nk, sms=132) is FUSED160_ONE_WAVE for nk in want} == want
+    assert fused160_config(8192, 8192, sms=114) is _DEFAULTS["fused160"]
+    assert DequantGemm(8192, 8192, arch="sm_90a").configs["fused160"] == FUSED160_ONE_WAVE
+    assert DequantGemm(28672, 8192, arch="sm_90a").configs["fused160"] == _DEFAULTS["fused160"]
+    mine = HopperDequantConfig(block_m=160, consumers=1, stages=4)
+    assert DequantGemm(8192, 8192, arch="sm_90a", configs={"fused160": mine}).configs["fused160"] is mine
+    # 8-bit weights: the same tiles, fewer stages to fit shared memory
+    int8 = DequantGemm(8192, 8192, dtype="bfloat16", weight_format="int8", arch="sm_90a").configs["fused160"]
+    assert int8.k_split and int8.block_m == 160 and int8.stages == 7
+
+
 @pytest.mark.parametrize("M", [3, 12])
 def test_8bit_fused_small_m_paths_on_the_interpreter(M):
     """int8 (bf16, the split-magic decode) through fused8 / fused16 on the interpreter: NaN-poisoned output vs the

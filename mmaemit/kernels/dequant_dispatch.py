@@ -21,7 +21,9 @@ path            M range (defaults)    kernel
 ``fused64``     49 .. 64              the same, 64 activation rows, 4 stages, one chunk per wgmma group
 ``fused96``     65 .. 96              the same, 96 activation rows, 6 stages of 2 chunks
 ``fused128``    97 .. 128             the same, 128 activation rows, 5 stages of 2 chunks
-``fused160``    129 .. 160            160 x 128 tiles, two consumer warpgroups, 5 stages of one chunk
+``fused160``    129 .. 160            160 x 64 tiles, two consumers splitting K, 8 stages of one chunk, where N / 64
+                                      tiles fit one wave (:func:`fused160_config`), else 160 x 128 tiles, two
+                                      consumer warpgroups, 5 stages of one chunk
 ``fused128x2``  161 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks
 ``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 4 stages
 ``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
@@ -82,7 +84,7 @@ from .gated import check_gate, gate_into
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
-           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "GEMV8_ONE_WAVE", "gemv8_config", "prebuild",
+           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "prebuild",
            "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
@@ -131,6 +133,25 @@ def gemv16_config(N, K, sms=None) -> GemvConfig:
         return GemvConfig()
     wave = GEMV_WAVE_WARPS_PER_SM * (device_sm_count() if sms is None else int(sms))
     return GEMV16_CONFIGS[min(fits, key=lambda ks: (abs(N // 32 * ks - wave), ks != 8))]
+
+
+#: ``fused160``'s config where its 64-row tiles fit one wave (:func:`fused160_config`): 160 activation rows x 64
+#: weight rows, two consumers splitting K
+FUSED160_ONE_WAVE = HopperDequantConfig(block_m=160, consumers=2, stages=8, k_split=True, chunks_per_stage=1)
+
+
+def fused160_config(N, K, sms=None) -> HopperDequantConfig:
+    """``fused160``'s default for an N x K problem: :data:`FUSED160_ONE_WAVE` where its N / 64 tiles fit one wave on
+    ``sms`` SMs (None: the visible GPU's) and K is a multiple of its 128, else 160 x 128 tiles (two consumers of 64
+    rows each). Why: 160 x 128 tiles give N / 128 CTAs, half the H100 at N = 8192. On the H100, int4 g128 fp16, µs,
+    the 160 x 64 tiles against the 160 x 128 ones: 8192^2 M=136 40.3-40.7 against 58.8-59.4, M=160 41.9-42.1 against
+    59.1-59.4; 4096 x 14336 M=160 56.3-57.3 against 96.6-97.1; where N / 64 exceeds the SMs they lose: 28672 x 8192
+    M=160 158.3-161.4 against 139.1-140.1, 14336 x 4096 40.3-41.1 against 35.6-36.8 (docs/perf-notes.md, eleventh
+    session)."""
+    wave = device_sm_count() if sms is None else int(sms)
+    if N % 64 == 0 and N // 64 <= wave and K % FUSED160_ONE_WAVE.k_multiple == 0:
+        return FUSED160_ONE_WAVE
+    return _DEFAULTS["fused160"]
 
 
 def gemv8_config(N, K, sms=None) -> GemvConfig:
@@ -254,6 +275,8 @@ class DequantGemm:
             raise UnsupportedConfigError(f"configs keys must be among {choices(PATHS + extra)}, not "
                                          f"{sorted(unknown)}")
         self.configs = dict(_DEFAULTS, **(configs or {}))
+        if "fused160" not in (configs or {}):
+            self.configs["fused160"] = fused160_config(self.N, self.K)
         for path in FUSED_PATHS:
             if path not in (configs or {}):       # a config the caller passes is never changed
                 self.configs[path] = self._default_fused(path, self.configs[path])
