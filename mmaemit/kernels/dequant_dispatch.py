@@ -84,8 +84,8 @@ from .gated import check_gate, gate_into
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
-           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "prebuild",
-           "warmup_all"]
+           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE",
+           "fused160_config", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
