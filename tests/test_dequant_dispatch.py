@@ -217,11 +217,11 @@ def test_dispatcher_plan():
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
         "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense", "fused8", "fused16", "fused32",
         "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "fused256", "wgmma"]
-    # N = 64: the two-consumer fused tiles (128 weight rows) do not fit; the one-consumer ones take their range
+    # N = 64: the fused tiles of 128 weight rows do not fit; those of 64 (k_split, and fused160's one-wave tile) take
+    # their range
     assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused32",
                                                                                 "fused48", "fused64", "fused96",
-                                                                                "fused128",
-                                                                                "dense"]
+                                                                                "fused128", "fused160", "dense"]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(TileShapeError, match=r"serves M > 32 for N=32, K=1024: the tiled path needs N a multiple"):
         DequantGemm(32, 1024, arch="sm_80")          # gemv32 (n_blocks=1) fits, no tiled path does
