@@ -1,5 +1,6 @@
 """Pieces of the benchmark scripts that can be checked without a GPU: ``bench_mlp``'s merged blocks compute what the
-separate ones do (QuantLinear's reference op); ``wgmma_rs_rate``'s kernel runs clean on the interpreter."""
+separate ones do (QuantLinear's reference op); ``wgmma_rs_rate``'s kernel runs clean on the interpreter;
+``profile_dequant_path`` runs and checks a plan path on the interpreter."""
 import os
 import sys
 
@@ -10,6 +11,7 @@ from mmaemit.nn import QuantLinear
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_mlp  # noqa: E402
+import profile_dequant_path  # noqa: E402
 import wgmma_rs_rate  # noqa: E402
 
 
@@ -53,3 +55,17 @@ def test_wgmma_rs_rate_kernel_on_the_interpreter():
     out = np.full(2 * 2 * 128, np.nan, np.float32)
     report = mmaemit.interpret(wgmma_rs_rate.make_kernel(16, 2, 3, sms=2), out, arch="sm_90a")
     assert report.ok and np.array_equal(out, np.full_like(out, 64 * 3))
+
+
+def test_profile_dequant_path_on_the_interpreter(capsys):
+    """The profiling entry runs a DequantGemm path (fused160 at a ragged M: with N = 128 the plan's one-wave
+    160 x 64 k_split tile) on a NaN-poisoned output, checks it and exits 0; an unknown path names the runnable ones."""
+    import pytest
+
+    from mmaemit.errors import ArgumentError
+
+    assert profile_dequant_path.main(["--shape", "128x1024", "--path", "fused160", "--m", "140", "--interpret",
+                                      "--launches", "1"]) == 0
+    assert "fused160 M=140 128x1024 int4" in capsys.readouterr().out
+    with pytest.raises(ArgumentError, match="runnable: .*fused64"):
+        profile_dequant_path.main(["--shape", "128x1024", "--path", "fused999", "--m", "5", "--interpret"])
