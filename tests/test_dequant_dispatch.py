@@ -318,10 +318,11 @@ def test_fused_chunk_pairs_by_default_where_stages_hold_4_chunks():
     chunk per group, since chunks_per_group=2 needs 4 chunks per stage."""
     dg = DequantGemm(8192, 8192, arch="sm_90a")
     assert [dg.configs[p].chunks_per_group for p in ("fused32", "fused48", "fused64", "fused128")] == [2, 2, 1, 1]
-    for K in (1536, 640):                 # fused32's fallbacks: 4 chunks x 2 consumers (pairs kept), 1 chunk
+    # fused32's K fallbacks: 4 chunks x 2 consumers (pairs kept), 1 chunk x 2 consumers (one chunk per group)
+    for K, (cps, consumers, cpg) in {1536: (4, 2, 2), 640: (1, 2, 1)}.items():
         cfg = DequantGemm(128, K, arch="sm_90a").configs["fused32"]
         assert K % cfg.k_multiple == 0
-        assert cfg.chunks_per_group == (2 if cfg.chunks_per_stage == 4 else 1), (K, cfg)
+        assert (cfg.chunks_per_stage, cfg.consumers, cfg.chunks_per_group) == (cps, consumers, cpg), (K, cfg)
 
 
 def test_fused160_config_by_grid():

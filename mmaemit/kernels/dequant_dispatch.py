@@ -122,6 +122,11 @@ GEMV_WAVE_WARPS_PER_SM = 16
 GEMV8_ONE_WAVE = GemvConfig(2, 16, 3, 1)
 
 
+def _sm_count(sms) -> int:
+    """SMs a grid rule plans for: ``sms``, or the visible GPU's count (132 without one)."""
+    return device_sm_count() if sms is None else int(sms)
+
+
 def gemv16_config(N, K, sms=None) -> GemvConfig:
     """``gemv16``'s default for an N x K problem: the ``k_slices`` of :data:`GEMV16_CONFIGS` whose grid (N / 32 CTAs
     x k_slices warps) is nearest one wave of :data:`GEMV_WAVE_WARPS_PER_SM` warps on each of ``sms`` SMs (None: the
@@ -131,7 +136,7 @@ def gemv16_config(N, K, sms=None) -> GemvConfig:
     fits = [ks for ks in GEMV16_CONFIGS if K % (128 * ks) == 0]
     if N % 32 or not fits:
         return GemvConfig()
-    wave = GEMV_WAVE_WARPS_PER_SM * (device_sm_count() if sms is None else int(sms))
+    wave = GEMV_WAVE_WARPS_PER_SM * _sm_count(sms)
     return GEMV16_CONFIGS[min(fits, key=lambda ks: (abs(N // 32 * ks - wave), ks != 8))]
 
 
@@ -148,7 +153,7 @@ def fused160_config(N, K, sms=None) -> HopperDequantConfig:
     59.1-59.4; 4096 x 14336 M=160 56.3-57.3 against 96.6-97.1; where N / 64 exceeds the SMs they lose: 28672 x 8192
     M=160 158.3-161.4 against 139.1-140.1, 14336 x 4096 40.3-41.1 against 35.6-36.8 (docs/perf-notes.md, eleventh
     session)."""
-    wave = device_sm_count() if sms is None else int(sms)
+    wave = _sm_count(sms)
     if N % 64 == 0 and N // 64 <= wave and K % FUSED160_ONE_WAVE.k_multiple == 0:
         return FUSED160_ONE_WAVE
     return _DEFAULTS["fused160"]
@@ -162,7 +167,7 @@ def gemv8_config(N, K, sms=None) -> GemvConfig:
     the Llama MLP block's down projection (4096 x 14336, 128 CTAs) ran 19.4-20.8 us after the gated GEMV instead of
     13 (H100, M=1, CUDA graph); with one 16-warp CTA per SM the block took 42.3-43.6 us against 44.6-47.5
     (docs/perf-notes.md, tenth session)."""
-    wave = device_sm_count() if sms is None else int(sms)
+    wave = _sm_count(sms)
     if N % 32 == 0 and N // 32 <= wave and K % (128 * GEMV8_ONE_WAVE.k_slices) == 0:
         return GEMV8_ONE_WAVE
     return GemvConfig()
