@@ -159,8 +159,9 @@ def dequant_every_path():
     q = QuantLinear.from_linear(lin, "int4", group_size=128).warmup()
     w = q.dequantized_weight().double().cuda()
     ok = True
-    # gemv8, gemv16, fused32, fused48, fused64, fused96, fused128, fused160, fused128x2, fused256, dense
-    for M in (1, 12, 20, 40, 50, 70, 100, 140, 300, 600, 4100):
+    # gemv8, gemv16, fused32, fused48, fused64, fused96, fused128, fused160, fused192, fused224, fused256k,
+    # fused128x2, fused256, dense
+    for M in (1, 12, 20, 40, 50, 70, 100, 140, 180, 210, 250, 300, 600, 4100):
         x = torch.randn(M, 1024, device="cuda").half()
         y = q(x)
         ref = x.double() @ w.T + lin.bias.double()

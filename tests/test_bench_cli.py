@@ -29,7 +29,7 @@ def test_bench_says_it_needs_a_gpu(suite, capsys, tmp_path):
     (["bench", "fp8", "--sizes", "2048", "4096", "--configs", "tuned"], 2 * 2),
     (["bench", "dequant", "--shapes", "4096x4096", "--ms", "1", "16", "256", "--dtypes", "float16"], 3 * 5),
     (["bench", "dequant", "--shapes", "4096x4096", "--ms", "1", "256", "--configs", "dynamic", "--all-paths"],
-     2 * 2 * (1 + 15 + 3)),                         # 2 dtypes x 2 M x (dynamic + 15 paths + 3 peers)
+     2 * 2 * (1 + 18 + 3)),                         # 2 dtypes x 2 M x (dynamic + 18 paths + 3 peers)
 ])
 def test_dry_run_writes_table_csv_and_plot(argv, n_rows, tmp_path, capsys):
     assert main(argv + ["--dry-run", "--out", str(tmp_path)]) == 0

@@ -129,6 +129,7 @@ def _fused_dispatcher():
     small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=3 if ks else 2, num_sms=2, k_split=ks)
              for p, bm, c, ks in (("fused32", 16, 2, True), ("fused48", 24, 2, True), ("fused64", 32, 2, True),
                                   ("fused96", 48, 2, True), ("fused128", 64, 1, False), ("fused160", 80, 1, False),
+                                  ("fused192", 96, 2, True), ("fused224", 112, 2, True), ("fused256k", 128, 2, True),
                                   ("fused128x2", 64, 2, False), ("fused256", 128, 2, False))}
     return DequantGemm(N, K, interpret=True, arch="sm_90a", dense_m=300,
                        configs=dict(small, gemv8=SMALL_GEMV, gemv16=SMALL_GEMV, hopper=SMALL_HOPPER), **kw)
@@ -186,8 +187,8 @@ def test_dispatcher_plan():
                                                                                ("dense", WIDE_M, None)]
     assert DequantGemm(8192, 8192, arch="sm_90a").ranges == [
         ("gemv8", 1, 8), ("gemv16", 9, 16), ("fused32", 17, 32), ("fused48", 33, 48), ("fused64", 49, 64),
-        ("fused96", 65, 96), ("fused128", 97, 128), ("fused160", 129, 160),
-        ("fused128x2", 161, 511),
+        ("fused96", 65, 96), ("fused128", 97, 128), ("fused160", 129, 160), ("fused192", 161, 192),
+        ("fused224", 193, 224), ("fused256k", 225, 256), ("fused128x2", 257, 511),
         ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
     # no fast scaled decode for the fused kernel: fp4 with bf16 activations takes the second plan; nf4 (scaled
     # tables) the fused one
@@ -216,12 +217,13 @@ def test_dispatcher_plan():
     assert narrow.ranges[3] == ("tiled64", 33, 255)
     assert DequantGemm(8192, 8192, arch="sm_90a").runnable_paths() == [
         "gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense", "fused8", "fused16", "fused32",
-        "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "fused256", "wgmma"]
-    # N = 64: the fused tiles of 128 weight rows do not fit; those of 64 (k_split, and fused160's one-wave tile) take
-    # their range
-    assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == ["gemv8", "gemv16", "fused32",
-                                                                                "fused48", "fused64", "fused96",
-                                                                                "fused128", "fused160", "dense"]
+        "fused48", "fused64", "fused96", "fused128", "fused160", "fused192", "fused224", "fused256k", "fused128x2",
+        "fused256", "wgmma"]
+    # N = 64: the fused tiles of 128 weight rows do not fit; those of 64 (k_split, and the one-wave tiles) take their
+    # range
+    assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == [
+        "gemv8", "gemv16", "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused192", "fused224",
+        "fused256k", "dense"]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(TileShapeError, match=r"serves M > 32 for N=32, K=1024: the tiled path needs N a multiple"):
         DequantGemm(32, 1024, arch="sm_80")          # gemv32 (n_blocks=1) fits, no tiled path does
@@ -346,6 +348,30 @@ def test_fused160_config_by_grid():
     assert int8.k_split and int8.block_m == 160 and int8.stages == 7
 
 
+def test_one_wave_paths_by_grid():
+    """fused192 / 224 / 256k serve M = 161-256 where N / 64 tiles fit one wave and K their 128 (H100, 8192^2 M=192:
+    49.5-51.4 us against fused128x2's 60.1-61.6); elsewhere fused128x2 serves from 161; a path whose tiles do not fit
+    drops out and the one below extends; a config the caller passes is kept."""
+    from mmaemit.kernels.dequant_dispatch import ONE_WAVE_PATHS, one_wave_fits
+    from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
+
+    want = {(8192, 8192): True, (4096, 14336): True, (28672, 8192): False, (14336, 4096): False, (8448, 8192): True,
+            (8512, 8192): False, (8192, 576): False}
+    assert {nk: one_wave_fits(*nk, sms=132) for nk in want} == want
+    assert not one_wave_fits(8192, 8192, sms=114)
+    for nk, fits in want.items():
+        dg = DequantGemm(*nk, arch="sm_90a", group_size=64)
+        assert [dg.path_for(m) for m in (161, 192, 193, 224, 225, 256)] == (
+            [p for p in ONE_WAVE_PATHS for _ in (0, 1)] if fits else [dg.path_for(161)] * 6), (nk, dg.ranges)
+        assert dg.path_for(257) == ("fused128x2" if nk[0] % 128 == 0 else dg.path_for(256)), (nk, dg.ranges)
+    assert DequantGemm(28672, 8192, arch="sm_90a").path_for(161) == "fused128x2"
+    mine = HopperDequantConfig(block_m=224, consumers=2, stages=3, k_split=True)
+    dg = DequantGemm(8192, 8192, arch="sm_90a", configs={"fused224": mine})
+    assert dg.configs["fused224"] is mine and dg.path_for(200) == "fused224"
+    # fused224 does not fit K = 8256 (129 chunks, no k_split divides it): no one-wave path, fused128x2 from 161
+    assert DequantGemm(8192, 8256, arch="sm_90a", group_size=-1).path_for(200) == "fused128x2"
+
+
 @pytest.mark.parametrize("M", [3, 12])
 def test_8bit_fused_small_m_paths_on_the_interpreter(M):
     """int8 (bf16, the split-magic decode) through fused8 / fused16 on the interpreter: NaN-poisoned output vs the
@@ -358,13 +384,15 @@ def test_8bit_fused_small_m_paths_on_the_interpreter(M):
     _check(C, A, qw, torch.bfloat16)
 
 
-@pytest.mark.parametrize("M", [20, 33, 50, 70, 100, 140, 170, 300])
+@pytest.mark.parametrize("M", [20, 33, 50, 70, 100, 140, 170, 200, 240, 270, 300])
 def test_fused_dispatcher_routes_ragged_m_on_the_interpreter(M):
-    """int4 on sm_90a: fused32 / 48 / 64 / 96 (k_split) / fused128 / fused160 / fused128x2 for M > 16 (small tiles,
-    two persistent CTAs), dense from dense_m (300 here); NaN-poisoned output vs the exact product."""
+    """int4 on sm_90a: fused32 / 48 / 64 / 96 (k_split) / fused128 / fused160 / fused192 / 224 / 256k (k_split) /
+    fused128x2 for M > 16 (small tiles, two persistent CTAs), dense from dense_m (300 here); NaN-poisoned output vs
+    the exact product."""
     dg = _fused_dispatcher()
-    assert [dg.path_for(m) for m in (20, 33, 50, 70, 100, 140, 170, 300)] == [
-        "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2", "dense"]
+    assert [dg.path_for(m) for m in (20, 33, 50, 70, 100, 140, 170, 200, 240, 270, 300)] == [
+        "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused192", "fused224", "fused256k",
+        "fused128x2", "dense"]
     qw, tensors, _ = _weights()
     A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).half()
     C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16))
@@ -397,7 +425,7 @@ def test_dispatcher_every_m_on_the_gpu(dtype):
     calls at M = 5 / 33 / 300 captured in CUDA graphs and replayed on new inputs."""
     dense, tensors, dg = _gpu_problem(4096, 4096, dtype)
     compiled = {p: k for p, k in dg._kernels.items()}
-    for M in (1, 7, 16, 20, 33, 40, 50, 64, 100, 127, 128, 140, 170, 257, 1000, 2100, 4096):
+    for M in (1, 7, 16, 20, 33, 40, 50, 64, 100, 127, 128, 140, 170, 200, 250, 257, 1000, 2100, 4096):
         A = torch.randn(M, 4096, device="cuda").to(dtype)
         C = dg(A, *tensors, out=torch.full((M, 4096), float("nan"), dtype=dtype, device="cuda"))
         torch.cuda.synchronize()

@@ -369,33 +369,40 @@ def test_fused_hopper_chunk_pairs_sass():
         assert fences2 * 2 == fences1 and hgmma2 == hgmma1, (path, counts)
 
 
-@pytest.mark.parametrize("fmt, zeros, dtype, M", [("int4", None, torch.float16, 140),
-                                                  ("uint4", "original", torch.bfloat16, 129)])
-def test_fused160_one_wave_tile_on_the_interpreter(fmt, zeros, dtype, M):
-    """fused160's one-wave config (160 x 64 tiles, two consumers splitting K, one chunk per stage) on the
-    interpreter at a ragged M: NaN-poisoned output within the dtype's rounding of the float64 product; every format
-    of the plan's checks compiles without spills for sm_90a (8-bit weights with 7 stages)."""
-    from mmaemit.kernels.dequant_dispatch import FUSED160_ONE_WAVE
+@pytest.mark.parametrize("path, fmt, zeros, dtype, M", [("fused160", "int4", None, torch.float16, 140),
+                                                        ("fused160", "uint4", "original", torch.bfloat16, 129),
+                                                        ("fused192", "int4", None, torch.float16, 170),
+                                                        ("fused224", "uint4", "quantized", torch.float16, 200),
+                                                        ("fused256k", "int8", None, torch.bfloat16, 250)])
+def test_one_wave_tiles_on_the_interpreter(path, fmt, zeros, dtype, M):
+    """The one-wave configs of the plan at 8192^2 (fused160 / 192 / 224 / 256k: block_m x 64 tiles, two consumers
+    splitting K, one chunk per stage) on the interpreter at a ragged M: NaN-poisoned output within the dtype's
+    rounding of the float64 product; the int4 cases also compile every format of the plan's checks without spills
+    for sm_90a (8-bit weights with fewer stages)."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
 
+    def plan_config(wf, zm, dt):
+        return DequantGemm(8192, 8192, dtype=dt, weight_format=wf, zeros_mode=zm, arch="sm_90a").configs[path]
+
+    cfg = plan_config(fmt, zeros, str(dtype)[6:])
+    assert cfg.k_split and cfg.weight_rows == 64 and cfg.chunks_per_stage == 1 and cfg.block_m >= M
     g = torch.Generator().manual_seed(M)
     qw = D.quantize(torch.randn(128, 1024, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
     tensors, kw = kernel_arguments(qw)
     A = torch.randn(M, 1024, generator=g).to(dtype)
     func, _ = make_dequant_gemm_hopper(None, 128, 1024, dtype=str(dtype)[6:],
-                                       config=dataclasses.replace(FUSED160_ONE_WAVE, num_sms=2), **kw)
+                                       config=dataclasses.replace(cfg, num_sms=2), **kw)
     C = torch.full((M, 128), float("nan"), dtype=dtype)
     assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
     assert not torch.isnan(C).any()
     assert _rel(C, A.double() @ qw.dequantize().double().T) < _tol(dtype)
     if fmt == "int4":
-        from mmaemit.kernels.dequant_dispatch import DequantGemm
-
         for wf, zm, dt in (("int4", None, "float16"), ("nf4", None, "float16"), ("int8", None, "bfloat16"),
                            ("uint4", "quantized", "float16")):
-            cfg = DequantGemm(8192, 8192, dtype=dt, weight_format=wf, zeros_mode=zm, arch="sm_90a").configs["fused160"]
-            k = mmaemit.compile(make_dequant_gemm_hopper(None, 8192, 8192, 128, dt, cfg, "sm_90a", weight_format=wf,
-                                                         zeros_mode=zm)[0], target="sm_90a")
-            assert k.resource_usage("sm_90a").spill_bytes == 0, wf
+            k = mmaemit.compile(make_dequant_gemm_hopper(None, 8192, 8192, 128, dt, plan_config(wf, zm, dt),
+                                                         "sm_90a", weight_format=wf, zeros_mode=zm)[0],
+                                target="sm_90a")
+            assert k.resource_usage("sm_90a").spill_bytes == 0, (path, wf)
 
 
 def test_fused_hopper_lookahead_sass():

@@ -24,7 +24,12 @@ path            M range (defaults)    kernel
 ``fused160``    129 .. 160            160 x 64 tiles, two consumers splitting K, 8 stages of one chunk, where N / 64
                                       tiles fit one wave (:func:`fused160_config`), else 160 x 128 tiles, two
                                       consumer warpgroups, 5 stages of one chunk
-``fused128x2``  161 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks
+``fused192``    161 .. 192            192 x 64 tiles, two consumers splitting K, 6 stages of one chunk, where N / 64
+                                      tiles fit one wave (:data:`ONE_WAVE_PATHS`; else ``fused128x2`` serves)
+``fused224``    193 .. 224            the same, 224 activation rows, 5 stages
+``fused256k``   225 .. 256            the same, 256 activation rows, 4 stages
+``fused128x2``  257 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks (from 161 where
+                                      the one-wave tiles do not fit)
 ``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 4 stages
 ``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
                                       bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
@@ -85,7 +90,7 @@ from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
            "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE",
-           "fused160_config", "prebuild", "warmup_all"]
+           "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -97,13 +102,21 @@ WIDE_M = 512
 #: path names of the plan without fused paths, smallest M first
 PATHS = ("gemv8", "gemv16", "gemv32", "tiled64", "tiled128", "dense_mid", "dense")
 #: the fused Hopper kernel (:mod:`~mmaemit.kernels.dequant_gemm_hopper`: TMA + mbarrier ring, warp-specialized,
-#: weights decoded into RS wgmma) at ten tile shapes, with the first M each serves on sm_90a (formats whose scaled
+#: weights decoded into RS wgmma) at thirteen tile shapes, with the first M each serves on sm_90a (formats whose scaled
 #: decode, with their zero points if any, is fast; from the tile studies on the H100, docs/perf-notes.md): they replace
 #: tiled64 .. dense_mid there, and for :data:`FUSED_SMALL_M_BITS` the GEMVs too
-FUSED_PATHS = ("fused8", "fused16", "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused128x2",
-               "fused256")
+FUSED_PATHS = ("fused8", "fused16", "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused192",
+               "fused224", "fused256k", "fused128x2", "fused256")
 _FUSED_START = {"fused8": 1, "fused16": 9, "fused32": 17, "fused48": 33, "fused64": 49, "fused96": 65, "fused128": 97,
-                "fused160": 129, "fused128x2": 161, "fused256": 512}
+                "fused160": 129, "fused192": 161, "fused224": 193, "fused256k": 225, "fused128x2": 161, "fused256": 512}
+#: fused paths of block_m x 64 tiles (two consumers splitting K) that the plan takes only where their N / 64 tiles fit
+#: one wave (:func:`one_wave_fits`), each up to its ``block_m`` rows; ``fused128x2`` then starts after the last one.
+#: Why: 128 x 128 tiles give N / 128 CTAs, half the H100 at N = 8192, and decode every weight twice at M > 128. On
+#: the H100, int4 g128 fp16, µs, against fused128x2 (docs/perf-notes.md, twelfth session): 8192^2 M=176 47.7-51.2
+#: against 57.7-59.0, M=192 49.5-51.4 against 60.1-61.6, M=208 52.5-53.7 against 60.9-62.1, M=224 53.3-53.7
+#: against 58.4-62.2, M=256 57.6-58.2 against 61.8-63.7; 4096 x 14336 M=192 66.1-66.7 against 83.8-86.4, M=224
+#: 72.2-73.0 against 85.3-87.2, M=256 83.6-83.9 against 85.4-86.3
+ONE_WAVE_PATHS = ("fused192", "fused224", "fused256k")
 #: weight widths whose fused paths also serve M <= 16 (``fused8``, ``fused16`` instead of the GEMVs): on the H100 at
 #: 8192 x 8192 g128 fp16 int8 took 28.5 us at M=1 with 8-row tiles against 45.0 for the GEMV; int4 17.3 vs 19.7 and
 #: int2 14.1 vs 19.1 keep the GEMV (docs/perf-notes.md, fifth session)
@@ -145,6 +158,13 @@ def gemv16_config(N, K, sms=None) -> GemvConfig:
 FUSED160_ONE_WAVE = HopperDequantConfig(block_m=160, consumers=2, stages=8, k_split=True, chunks_per_stage=1)
 
 
+def one_wave_fits(N, K, sms=None) -> bool:
+    """Whether tiles of 64 weight rows with two consumers splitting K (:data:`FUSED160_ONE_WAVE`,
+    :data:`ONE_WAVE_PATHS`) fit an N x K problem in one wave: N / 64 tiles on at most ``sms`` SMs (None: the visible
+    GPU's) and K a multiple of their 128."""
+    return N % 64 == 0 and N // 64 <= _sm_count(sms) and K % FUSED160_ONE_WAVE.k_multiple == 0
+
+
 def fused160_config(N, K, sms=None) -> HopperDequantConfig:
     """``fused160``'s default for an N x K problem: :data:`FUSED160_ONE_WAVE` where its N / 64 tiles fit one wave on
     ``sms`` SMs (None: the visible GPU's) and K is a multiple of its 128, else 160 x 128 tiles (two consumers of 64
@@ -153,8 +173,7 @@ def fused160_config(N, K, sms=None) -> HopperDequantConfig:
     59.1-59.4; 4096 x 14336 M=160 56.3-57.3 against 96.6-97.1; where N / 64 exceeds the SMs they lose: 28672 x 8192
     M=160 158.3-161.4 against 139.1-140.1, 14336 x 4096 40.3-41.1 against 35.6-36.8 (docs/perf-notes.md, eleventh
     session)."""
-    wave = _sm_count(sms)
-    if N % 64 == 0 and N // 64 <= wave and K % FUSED160_ONE_WAVE.k_multiple == 0:
+    if one_wave_fits(N, K, sms):
         return FUSED160_ONE_WAVE
     return _DEFAULTS["fused160"]
 
@@ -188,6 +207,14 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
                                             lookahead=True),
              "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=5, k_split=True, chunks_per_stage=2),
              "fused160": HopperDequantConfig(block_m=160, consumers=2, stages=5),
+             # one wave of 64-row tiles (ONE_WAVE_PATHS): in_flight=0 measured faster at 224 and 256 rows (each
+             # consumer otherwise holds a stage while it waits for its next) and within the spread at 192
+             "fused192": HopperDequantConfig(block_m=192, consumers=2, stages=6, k_split=True, chunks_per_stage=1,
+                                             in_flight=0),
+             "fused224": HopperDequantConfig(block_m=224, consumers=2, stages=5, k_split=True, chunks_per_stage=1,
+                                             in_flight=0),
+             "fused256k": HopperDequantConfig(block_m=256, consumers=2, stages=4, k_split=True, chunks_per_stage=1,
+                                              in_flight=0),
              "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=4, chunks_per_stage=2),
              "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
 
@@ -365,8 +392,13 @@ class DequantGemm:
             start = dict({"gemv8": 1, "gemv16": 9}, **_FUSED_START, dense=self.dense_m)
             small = (("fused8", "fused16") if self.bits in FUSED_SMALL_M_BITS
                      and self._fits("fused8") and self._fits("fused16") else ("gemv8", "gemv16"))
+            wave = one_wave_fits(self.N, self.K)
             paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16) + ("dense",)
-                     if self._fits(p) and start[p] < self.dense_m or p == "dense"]
+                     if self._fits(p) and start[p] < self.dense_m and (wave or p not in ONE_WAVE_PATHS)
+                     or p == "dense"]
+            waves = [p for p in paths if p in ONE_WAVE_PATHS]
+            if waves:       # fused128x2 from the row after the last one-wave path's tile rows
+                start["fused128x2"] = _DEFAULTS[waves[-1]].block_m + 1
             return self._spans(paths, start)
         start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
