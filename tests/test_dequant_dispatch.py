@@ -368,6 +368,11 @@ def test_one_wave_paths_by_grid():
     mine = HopperDequantConfig(block_m=224, consumers=2, stages=3, k_split=True)
     dg = DequantGemm(8192, 8192, arch="sm_90a", configs={"fused224": mine})
     assert dg.configs["fused224"] is mine and dg.path_for(200) == "fused224"
+    # a dense_m inside the one-wave range ends it there (fused128x2 would start after it)
+    assert DequantGemm(8192, 8192, arch="sm_90a", dense_m=200).ranges[-2:] == [("fused224", 193, 199),
+                                                                               ("dense", 200, None)]
+    assert DequantGemm(8192, 8192, arch="sm_90a", dense_m=260).ranges[-3:] == [
+        ("fused256k", 225, 256), ("fused128x2", 257, 259), ("dense", 260, None)]
     # fused224 does not fit K = 8256 (129 chunks, no k_split divides it): no one-wave path, fused128x2 from 161
     assert DequantGemm(8192, 8256, arch="sm_90a", group_size=-1).path_for(200) == "fused128x2"
 

@@ -397,8 +397,9 @@ class DequantGemm:
                      if self._fits(p) and start[p] < self.dense_m and (wave or p not in ONE_WAVE_PATHS)
                      or p == "dense"]
             waves = [p for p in paths if p in ONE_WAVE_PATHS]
-            if waves:       # fused128x2 from the row after the last one-wave path's tile rows
+            if waves:       # fused128x2 from the row after the last one-wave path's tile rows (if below dense_m)
                 start["fused128x2"] = _DEFAULTS[waves[-1]].block_m + 1
+                paths = [p for p in paths if p == "dense" or start[p] < self.dense_m]
             return self._spans(paths, start)
         start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
