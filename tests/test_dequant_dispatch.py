@@ -327,6 +327,11 @@ def test_fused_chunk_pairs_by_default_where_stages_hold_4_chunks():
         assert (cfg.chunks_per_stage, cfg.consumers, cfg.chunks_per_group) == (cps, consumers, cpg), (K, cfg)
 
 
+#: (N, K) -> whether N / 64 tiles of 64 weight rows fit one wave of 132 SMs and K is a multiple of 128
+ONE_WAVE_SHAPES = {(8192, 8192): True, (4096, 14336): True, (28672, 8192): False, (14336, 4096): False,
+                   (8448, 8192): True, (8512, 8192): False, (8192, 576): False}
+
+
 def test_fused160_config_by_grid():
     """fused160 takes 160 x 64 k_split tiles where N / 64 fits one wave and K their 128, else 160 x 128 tiles (H100,
     8192^2 M=160: 41.9-42.1 against 59.1-59.4 us; 28672 x 8192: 158.3-161.4 against 139.1-140.1); a config the
@@ -335,9 +340,7 @@ def test_fused160_config_by_grid():
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
     assert FUSED160_ONE_WAVE.k_split and FUSED160_ONE_WAVE.weight_rows == 64 and FUSED160_ONE_WAVE.block_m == 160
-    want = {(8192, 8192): True, (4096, 14336): True, (28672, 8192): False, (14336, 4096): False, (8448, 8192): True,
-            (8512, 8192): False, (8192, 576): False}
-    assert {nk: fused160_config(*nk, sms=132) is FUSED160_ONE_WAVE for nk in want} == want
+    assert {nk: fused160_config(*nk, sms=132) is FUSED160_ONE_WAVE for nk in ONE_WAVE_SHAPES} == ONE_WAVE_SHAPES
     assert fused160_config(8192, 8192, sms=114) is _DEFAULTS["fused160"]
     assert DequantGemm(8192, 8192, arch="sm_90a").configs["fused160"] == FUSED160_ONE_WAVE
     assert DequantGemm(28672, 8192, arch="sm_90a").configs["fused160"] == _DEFAULTS["fused160"]
@@ -355,11 +358,9 @@ def test_one_wave_paths_by_grid():
     from mmaemit.kernels.dequant_dispatch import ONE_WAVE_PATHS, one_wave_fits
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
-    want = {(8192, 8192): True, (4096, 14336): True, (28672, 8192): False, (14336, 4096): False, (8448, 8192): True,
-            (8512, 8192): False, (8192, 576): False}
-    assert {nk: one_wave_fits(*nk, sms=132) for nk in want} == want
+    assert {nk: one_wave_fits(*nk, sms=132) for nk in ONE_WAVE_SHAPES} == ONE_WAVE_SHAPES
     assert not one_wave_fits(8192, 8192, sms=114)
-    for nk, fits in want.items():
+    for nk, fits in ONE_WAVE_SHAPES.items():
         dg = DequantGemm(*nk, arch="sm_90a", group_size=64)
         assert [dg.path_for(m) for m in (161, 192, 193, 224, 225, 256)] == (
             [p for p in ONE_WAVE_PATHS for _ in (0, 1)] if fits else [dg.path_for(161)] * 6), (nk, dg.ranges)

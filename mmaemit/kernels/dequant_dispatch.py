@@ -392,14 +392,13 @@ class DequantGemm:
             start = dict({"gemv8": 1, "gemv16": 9}, **_FUSED_START, dense=self.dense_m)
             small = (("fused8", "fused16") if self.bits in FUSED_SMALL_M_BITS
                      and self._fits("fused8") and self._fits("fused16") else ("gemv8", "gemv16"))
-            wave = one_wave_fits(self.N, self.K)
-            paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16) + ("dense",)
-                     if self._fits(p) and start[p] < self.dense_m and (wave or p not in ONE_WAVE_PATHS)
-                     or p == "dense"]
-            waves = [p for p in paths if p in ONE_WAVE_PATHS]
-            if waves:       # fused128x2 from the row after the last one-wave path's tile rows (if below dense_m)
+            waves = [p for p in ONE_WAVE_PATHS if one_wave_fits(self.N, self.K) and self._fits(p)
+                     and start[p] < self.dense_m]
+            if waves:       # fused128x2 from the row after the last one-wave path's tile rows
                 start["fused128x2"] = _DEFAULTS[waves[-1]].block_m + 1
-                paths = [p for p in paths if p == "dense" or start[p] < self.dense_m]
+            paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16) + ("dense",)
+                     if p == "dense" or p in waves or
+                     p not in ONE_WAVE_PATHS and self._fits(p) and start[p] < self.dense_m]
             return self._spans(paths, start)
         start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
