@@ -215,10 +215,15 @@ _GPU_CASES = [("int8", None), ("uint8", "quantized"), ("float8_e4m3fn", None), (
               ("uint1", "rescale")]
 
 
+_GPU_CASES_BY_DTYPE = [(f, m, torch.float16) for f, m in _GPU_CASES] + [("int8", None, torch.bfloat16),
+                                                                        ("int2", None, torch.bfloat16)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt, mode, dtype", [(f, m, torch.float16) for f, m in _GPU_CASES]
-                         + [("int8", None, torch.bfloat16), ("int2", None, torch.bfloat16)])
-@pytest.mark.parametrize("M", [1, 16, 128])
+# two of M = 1 / 16 (GEMV) / 128 (tiled) per case, taken in turn so that each M meets most formats (the interpreter
+# runs every format through both kernels: test_gemv_ / test_tiled_every_bit_width_on_the_interpreter)
+@pytest.mark.parametrize("fmt, mode, dtype, M", [(*case, (1, 16, 128)[(2 * i + j) % 3])
+                                                 for i, case in enumerate(_GPU_CASES_BY_DTYPE) for j in range(2)])
 def test_every_bit_width_on_gpu(fmt, mode, dtype, M):
     from mmaemit.arch import device_arch
     from mmaemit.kernels.dequant_gemm import make_dequant_gemm

@@ -144,16 +144,17 @@ def test_chained_pdl_kernels_read_their_producers_output(M):
 
     n = 1024
     g = torch.Generator().manual_seed(M)
+    if M <= 16:
+        func, _ = make_dequant_gemv(None, n, n, 128, "float16", GemvConfig(), "sm_90a", m_max=8 if M == 1 else 16)
+    else:
+        func, _ = make_dequant_gemm_hopper(None, n, n, 128, "float16", HopperDequantConfig(block_m=48), "sm_90a")
+    assert all(PDL_TAG in t for t in device_launch_params(func).values())
+    kernel = mmaemit.compile(func, target="sm_90a")         # one kernel, four layers of weights
     layers, refs = [], []
     for i in range(4):
         qw = D.quantize(torch.randn(n, n, generator=g).half() / 16, D.QuantScheme("int4", group_size=128))
         tensors, kw = kernel_arguments(qw)
-        if M <= 16:
-            func, _ = make_dequant_gemv(None, n, n, 128, "float16", GemvConfig(), "sm_90a", m_max=8 if M == 1 else 16)
-        else:
-            func, _ = make_dequant_gemm_hopper(None, n, n, 128, "float16", HopperDequantConfig(block_m=48), "sm_90a")
-        assert all(PDL_TAG in t for t in device_launch_params(func).values())
-        layers.append((mmaemit.compile(func, target="sm_90a"), [t.cuda() for t in tensors]))
+        layers.append((kernel, [t.cuda() for t in tensors]))
         refs.append(qw.dequantize().double().cuda())
     x = torch.randn(M, n, generator=g).half().cuda()
     outs = [torch.full((M, n), float("nan"), device="cuda", dtype=torch.float16) for _ in layers]

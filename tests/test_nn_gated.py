@@ -154,7 +154,7 @@ def test_gpu_gated_layer_ragged_m_and_cuda_graph():
     dequantized weights, and a CUDA-graph replay at M=1."""
     torch.manual_seed(3)
     lins = [torch.nn.Linear(1024, 512, bias=False).half().cuda() for _ in range(2)]
-    layer = QuantGatedLinear.from_linears(*lins, "int4").warmup()
+    layer = QuantGatedLinear.from_linears(*lins, "int4").warmup(workers=4)     # 4 build processes under -n 8
     gate, up = (QuantLinear.from_linear(lin, "int4") for lin in lins)
     wg, wu = gate.dequantized_weight().cuda().double(), up.dequantized_weight().cuda().double()
     for M in (1, 7, 16, 33, 300):

@@ -187,8 +187,9 @@ def test_a_hanging_gpu_kernel_is_killed_and_the_next_one_is_measured(monkeypatch
     # spin 256: 65536 dependent steps of a quadratic recurrence per thread (an affine one was folded by ptxas and
     # lost to spin 0 under load once), a wide margin whatever else shares the GPU (spin 4 and spin 64 were within
     # the noise of other tests' kernels under pytest-xdist -n 8 and each won once)
+    # run_timeout 10 s: the hanging candidate holds the GPU (time-sliced with the other pytest workers) that long
     tk = autotune(spin=[0, 1 << 20, 256], inputs=G.spin_inputs, reference=G.spin_reference, outputs=[1],
-                  run_timeout=15, confirm=0)(G.spin_kernel)
+                  run_timeout=10, confirm=0)(G.spin_kernel)
     t0 = time.perf_counter()
     r = tk.tune(1 << 20, force=True)
     by = {c.params["spin"]: c for c in r.candidates}
