@@ -160,13 +160,26 @@ def dequant_every_path():
     w = q.dequantized_weight().double().cuda()
     ok = True
     # gemv8, gemv16, fused32, fused48, fused64, fused96, fused128, fused160, fused192, fused224, fused256k,
-    # fused128x2, fused256, dense
+    # fused128x2, fused256 (int4's plan has no dense path: dequant_dense_path)
     for M in (1, 12, 20, 40, 50, 70, 100, 140, 180, 210, 250, 300, 600, 4100):
         x = torch.randn(M, 1024, device="cuda").half()
         y = q(x)
         ref = x.double() @ w.T + lin.bias.double()
         ok &= _rel(y, ref) < 3e-3
     return bool(ok)
+
+
+@case
+def dequant_dense_path():
+    """The two-kernel dense path (dequant into a scratch weight, then the Hopper GEMM) at a ragged M, as nf4's and
+    8-bit weights' plans take it from FUSED_DENSE_M."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    tensors, kw, w = _int4_weights(512, 1024)
+    dg = DequantGemm(512, 1024, arch="sm_90a", dense_m=1000, **kw)
+    assert dg.path_for(1100) == "dense"
+    x = torch.randn(1100, 1024, device="cuda").half()
+    return bool(_rel(dg(x, *tensors), x.double() @ w.T) < 3e-3)
 
 
 @case

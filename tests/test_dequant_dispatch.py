@@ -11,7 +11,7 @@ from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
 from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 from mmaemit.kernels.dequant_dense import make_dequant_to_dense
-from mmaemit.kernels.dequant_dispatch import FUSED_DENSE_M, LARGE_M, WIDE_M, DequantGemm
+from mmaemit.kernels.dequant_dispatch import FUSED_DENSE_M, LARGE_M, WIDE_M, DequantGemm, fused_serves_every_m
 from mmaemit.kernels.dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
 from mmaemit.kernels.gemm_hopper import HopperGemmConfig, make_gemm_hopper
 
@@ -189,12 +189,24 @@ def test_dispatcher_plan():
         ("gemv8", 1, 8), ("gemv16", 9, 16), ("fused32", 17, 32), ("fused48", 33, 48), ("fused64", 49, 64),
         ("fused96", 65, 96), ("fused128", 97, 128), ("fused160", 129, 160), ("fused192", 161, 192),
         ("fused224", 193, 224), ("fused256k", 225, 256), ("fused128x2", 257, 511),
-        ("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
+        ("fused256", 512, None)]
+    # dense only from a dense_m the caller gives, or where fused256 does not fit (N = 8256: no 128-row tiles)
+    assert DequantGemm(8192, 8192, arch="sm_90a", dense_m=8192).ranges[-2:] == [("fused256", 512, 8191),
+                                                                                  ("dense", 8192, None)]
+    assert DequantGemm(8256, 8192, arch="sm_90a").ranges[-1] == ("dense", FUSED_DENSE_M, None)
     # no fast scaled decode for the fused kernel: fp4 with bf16 activations takes the second plan; nf4 (scaled
-    # tables) the fused one
+    # tables) the fused one, but dense from FUSED_DENSE_M as 8-bit weights (fused256 serves every M only for
+    # integer codes of up to 4 bits)
     for dt in ("float16", "bfloat16"):
-        assert DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format="nf4").ranges == DequantGemm(
-            8192, 8192, dtype=dt, arch="sm_90a").ranges
+        nf4 = DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format="nf4").ranges
+        assert nf4[:-2] == DequantGemm(8192, 8192, dtype=dt, arch="sm_90a").ranges[:-1]
+        assert nf4[-2:] == [("fused256", 512, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
+    for fmt, zeros, every_m in (("int8", None, False), ("uint8", "quantized", False), ("float4_e2m1fn", None, False),
+                                ("int2", None, True), ("uint4", "rescale", True), ("int4_ob", None, True),
+                                ("uint1", "original", True)):
+        assert fused_serves_every_m(fmt) == every_m
+        last = DequantGemm(8192, 8192, arch="sm_90a", weight_format=fmt, zeros_mode=zeros).ranges[-1]
+        assert last == (("fused256", 512, None) if every_m else ("dense", FUSED_DENSE_M, None)), (fmt, last)
     for fmt, dt in (("float4_e2m1fn", "bfloat16"),):
         assert [r[0] for r in DequantGemm(8192, 8192, dtype=dt, arch="sm_90a", weight_format=fmt).ranges] == [
             "gemv8", "gemv16", "gemv32", "dense_mid", "dense"]
@@ -353,7 +365,8 @@ def test_fused160_config_by_grid():
 
 def test_one_wave_paths_by_grid():
     """fused192 / 224 / 256k serve M = 161-256 where N / 64 tiles fit one wave and K their 128 (H100, 8192^2 M=192:
-    49.5-51.4 us against fused128x2's 60.1-61.6); elsewhere fused128x2 serves from 161; a path whose tiles do not fit
+    49.5-51.4 us against fused128x2's 60.1-61.6); elsewhere fused128x2 serves from 161 (fused256 where its tiles fill
+    the GPU: test_wide_tiles_take_fused256_from_161); a path whose tiles do not fit
     drops out and the one below extends; a config the caller passes is kept."""
     from mmaemit.kernels.dequant_dispatch import ONE_WAVE_PATHS, one_wave_fits
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
@@ -364,8 +377,10 @@ def test_one_wave_paths_by_grid():
         dg = DequantGemm(*nk, arch="sm_90a", group_size=64)
         assert [dg.path_for(m) for m in (161, 192, 193, 224, 225, 256)] == (
             [p for p in ONE_WAVE_PATHS for _ in (0, 1)] if fits else [dg.path_for(161)] * 6), (nk, dg.ranges)
-        assert dg.path_for(257) == ("fused128x2" if nk[0] % 128 == 0 else dg.path_for(256)), (nk, dg.ranges)
-    assert DequantGemm(28672, 8192, arch="sm_90a").path_for(161) == "fused128x2"
+        wide = nk[0] % 128 == 0 and nk[0] // 128 >= 132          # fused256's tiles fill the GPU at one tile row
+        assert dg.path_for(257) == ("fused256" if wide else "fused128x2" if nk[0] % 128 == 0 else dg.path_for(256)), (
+            nk, dg.ranges)
+    assert DequantGemm(14336, 4096, arch="sm_90a").path_for(161) == "fused128x2"
     mine = HopperDequantConfig(block_m=224, consumers=2, stages=3, k_split=True)
     dg = DequantGemm(8192, 8192, arch="sm_90a", configs={"fused224": mine})
     assert dg.configs["fused224"] is mine and dg.path_for(200) == "fused224"
@@ -376,6 +391,25 @@ def test_one_wave_paths_by_grid():
         ("fused256k", 225, 256), ("fused128x2", 257, 259), ("dense", 260, None)]
     # fused224 does not fit K = 8256 (129 chunks, no k_split divides it): no one-wave path, fused128x2 from 161
     assert DequantGemm(8192, 8256, arch="sm_90a", group_size=-1).path_for(200) == "fused128x2"
+
+
+def test_wide_tiles_take_fused256_from_161():
+    """Where 256 x 128 tiles fill the GPU at one tile row (N / 128 >= SMs) and the one-wave paths do not fit,
+    fused256 serves from M=161 and fused128x2 leaves the plan (H100, 28672 x 8192 M=256: 187.6-191.3 us against
+    fused128x2's 230.5-244.5); a dense_m below 512 still ends it."""
+    from mmaemit.kernels.dequant_dispatch import wide_tiles_fill
+
+    assert [wide_tiles_fill(n, sms=132) for n in (28672, 16896, 16768, 14336, 8192)] == [True, True, False, False,
+                                                                                          False]
+    assert wide_tiles_fill(14336, sms=112) and not wide_tiles_fill(28672, sms=228)
+    ranges = DequantGemm(28672, 8192, arch="sm_90a").ranges
+    assert ranges[-2:] == [("fused160", 129, 160), ("fused256", 161, None)]
+    assert "fused128x2" not in [r[0] for r in ranges]
+    assert DequantGemm(28672, 8192, arch="sm_90a", dense_m=300).ranges[-2:] == [("fused256", 161, 299),
+                                                                                ("dense", 300, None)]
+    # nf4: dense from FUSED_DENSE_M as elsewhere
+    assert DequantGemm(28672, 8192, arch="sm_90a", weight_format="nf4").ranges[-2:] == [
+        ("fused256", 161, FUSED_DENSE_M - 1), ("dense", FUSED_DENSE_M, None)]
 
 
 @pytest.mark.parametrize("M", [3, 12])
@@ -418,8 +452,12 @@ def test_dispatcher_routes_ragged_m_on_the_interpreter(M):
 @functools.lru_cache(maxsize=None)
 def _gpu_problem(n, k, dtype):
     qw, tensors, kw = _weights("int4", dtype, None, n=n, k=k, seed=3)
+    # dense_m: int4's plan has no dense path (fused256 serves every M from 512); from 2048 here, so that this test
+    # also runs it (M = 2100 / 4096) on the GPU, as nf4's and 8-bit weights' plans do from FUSED_DENSE_M. 4 build
+    # processes, not one per core: under pytest -n 8 the other workers keep the cores busy, and each process starts
+    # by importing torch and TVM
     return (qw.dequantize().to(dtype).cuda(), [t.cuda() for t in tensors],
-            DequantGemm(n, k, dtype=str(dtype).replace("torch.", ""), **kw).warmup())
+            DequantGemm(n, k, dtype=str(dtype).replace("torch.", ""), dense_m=2048, **kw).warmup(workers=4))
 
 
 @pytest.mark.gpu

@@ -29,14 +29,17 @@ path            M range (defaults)    kernel
 ``fused224``    193 .. 224            the same, 224 activation rows, 5 stages
 ``fused256k``   225 .. 256            the same, 256 activation rows, 4 stages
 ``fused128x2``  257 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks (from 161 where
-                                      the one-wave tiles do not fit)
-``fused256``    512 .. ``dense_m``-1  256 x 128 tiles, two consumers, 4 stages
+                                      the one-wave tiles do not fit; not where ``fused256``'s tiles fill the GPU
+                                      at one tile row, :func:`wide_tiles_fill`: then ``fused256`` serves from 161)
+``fused256``    512 ..                256 x 128 tiles, two consumers, 4 stages, panels of 4 tile rows
 ``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
                                       bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
                                       (:func:`~mmaemit.kernels.gemm_hopper.make_gemm_hopper`, ``M=None``, 128 x 256)
 ==============  ====================  ==========================================================================
 
-(``dense_m`` default :data:`FUSED_DENSE_M`; the stages and chunks above are the 4-bit rings.) 8-bit weights
+(``dense`` is in this plan from :data:`FUSED_DENSE_M` where ``fused256`` does not fit or the format is not an
+integer one of :data:`FUSED_EVERY_M_BITS` bits (nf4, fp4, 8-bit: :func:`fused_serves_every_m`), or from a ``dense_m``
+the caller gives; the stages and chunks above are the 4-bit rings.) 8-bit weights
 (:data:`FUSED_SMALL_M_BITS`) take ``fused8`` (1 .. 8) and ``fused16`` (9 .. 16), 8- and 16-row tiles of the same
 kernel, instead of the GEMVs, and rings of fewer chunks per stage (twice the weight bytes per chunk; any default ring
 that would not fit shared memory loses stages). Other formats (and zero-point modes without a fast decode: uint8
@@ -76,6 +79,7 @@ import functools
 import os
 
 from mmaemit.arch import device_sm_count
+from mmaemit.dequant.formats import get_format
 from mmaemit.dtypes import canonical
 from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError, choices
 
@@ -89,8 +93,9 @@ from .gated import check_gate, gate_into
 from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
-           "EXTRA_PATHS", "GEMV16_CONFIGS", "gemv16_config", "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE",
-           "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits", "prebuild", "warmup_all"]
+           "EXTRA_PATHS", "FUSED_EVERY_M_BITS", "fused_serves_every_m", "GEMV16_CONFIGS", "gemv16_config",
+           "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits",
+           "wide_tiles_fill", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -121,9 +126,27 @@ ONE_WAVE_PATHS = ("fused192", "fused224", "fused256k")
 #: 8192 x 8192 g128 fp16 int8 took 28.5 us at M=1 with 8-row tiles against 45.0 for the GEMV; int4 17.3 vs 19.7 and
 #: int2 14.1 vs 19.1 keep the GEMV (docs/perf-notes.md, fifth session)
 FUSED_SMALL_M_BITS = (8,)
-#: with the fused paths, the first M of the two-kernel ``dense`` path (on the H100 at 8192 x 8192 the fused 256-row
-#: tiles won at M=2048, 416 vs 454 µs, and tied at 4096, 888 vs 874)
+#: with the fused paths, the first M of the two-kernel ``dense`` path, unless ``fused256`` serves every M from 512
+#: (:func:`fused_serves_every_m`)
 FUSED_DENSE_M = 4096
+#: integer code widths (int / uint formats, any zeros mode) whose ``fused256`` serves every M from 512 where it fits,
+#: with no ``dense`` path. On the H100, g128, rotating weights, µs, fused256 (panel 4) against dense
+#: (docs/perf-notes.md, thirteenth session): int4 fp16 8192^2 M = 2048 / 4096 / 8192 409-412 / 782-806 / 1644-1657
+#: against 470-477 / 909-924 / 1748-1764; 28672 x 8192 M=4096 2842-2922 against 2971-3066; 14336 x 4096 M = 2048 /
+#: 4096 369-383 / 740-754 against 419-440 / 823-830; 4096 x 14336 346-358 / 692-711 against 406-424 / 768-772;
+#: 8192^2 M=4096 int4 bf16 752-756 against 867-918, uint4 with quantized zeros 778-803 against 891-916, int2 715
+#: against 746-792. Not nf4 (985-986 against 894-940) or 8-bit (int8 fp16 M=8192 1792-1855 against 1711-1765, bf16
+#: M=4096 885-901 against 876-884); fp4 not measured
+FUSED_EVERY_M_BITS = (1, 2, 4)
+
+
+def fused_serves_every_m(weight_format) -> bool:
+    """Whether ``fused256`` (where it fits) serves every M from 512 for this format, rather than ``dense`` from
+    :data:`FUSED_DENSE_M`: integer codes of :data:`FUSED_EVERY_M_BITS` bits."""
+    fmt = get_format(weight_format)
+    return fmt.kind in ("int", "uint") and fmt.bits in FUSED_EVERY_M_BITS
+
+
 #: runnable by name (``run_path``, ``--all-paths``), in no plan: the register-decode Hopper kernel of
 #: :mod:`mmaemit.kernels.dequant_gemm_wgmma` (symbolic M)
 EXTRA_PATHS = ("wgmma",)
@@ -163,6 +186,16 @@ def one_wave_fits(N, K, sms=None) -> bool:
     :data:`ONE_WAVE_PATHS`) fit an N x K problem in one wave: N / 64 tiles on at most ``sms`` SMs (None: the visible
     GPU's) and K a multiple of their 128."""
     return N % 64 == 0 and N // 64 <= _sm_count(sms) and K % FUSED160_ONE_WAVE.k_multiple == 0
+
+
+def wide_tiles_fill(N, sms=None) -> bool:
+    """Whether ``fused256``'s 256 x 128 tiles fill the GPU at one tile row: N / 128 of them on at least ``sms`` SMs
+    (None: the visible GPU's). There ``fused256`` serves from M=161 instead of ``fused128x2`` (where the one-wave paths
+    do not fit): one tile row decodes each weight once where 128 x 128 tiles take two rows and decode it twice. On the
+    H100, int4 g128 fp16, 28672 x 8192, µs, fused256 against fused128x2 (cuBLAS fp16): M=192 179.0-183.9 against
+    212.9-216.6 (180.3-189.2), M=256 187.6-191.3 against 230.5-244.5 (210.6-213.7) (docs/perf-notes.md, thirteenth
+    session)."""
+    return N % _DEFAULTS["fused256"].weight_rows == 0 and N // _DEFAULTS["fused256"].weight_rows >= _sm_count(sms)
 
 
 def fused160_config(N, K, sms=None) -> HopperDequantConfig:
@@ -216,7 +249,10 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused256k": HopperDequantConfig(block_m=256, consumers=2, stages=4, k_split=True, chunks_per_stage=1,
                                               in_flight=0),
              "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=4, chunks_per_stage=2),
-             "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4)}
+             # panels of 4 tile rows: a wave of 132 tiles then reads 4 activation panels (4 MB each at K=8192) and
+             # ~33 weight panels (~0.5 MB) instead of 16 and ~8 (64 MB, past the 50 MB L2); on the H100 2-6 % faster
+             # than panel 16 at M = 4096-8192 (docs/perf-notes.md, thirteenth session)
+             "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4, panel=4)}
 
 
 def _ring(cps, stages, **kw) -> dict:
@@ -263,8 +299,8 @@ class DequantGemm:
     (W / S / Z in the kernel layout, ``mmaemit.dequant.kernel_layout.kernel_arguments``). ``arch``: None = the
     visible GPU's (sm_90a rules without one when ``interpret``, else sm_80 rules). ``large_m``: first M of the
     ``dense_mid`` path (sm_90a without the fused paths; None = :data:`LARGE_M`). ``wide_m``: first M of ``dense``
-    there (None = :data:`WIDE_M`). ``dense_m``: first M of ``dense`` when the fused paths serve below it (None =
-    :data:`FUSED_DENSE_M`). ``fused``: False keeps the second plan (tiled / dense_mid) where the fused paths would
+    there (None = :data:`WIDE_M`). ``dense_m``: first M of ``dense`` when the fused paths serve below it (None:
+    no ``dense`` where ``fused256`` fits and :func:`fused_serves_every_m`, else :data:`FUSED_DENSE_M`). ``fused``: False keeps the second plan (tiled / dense_mid) where the fused paths would
     serve, None uses the fused paths wherever they fit, True insists on them (``UnsupportedConfigError`` naming the
     reason where none fits). ``configs``: per-path config overrides, keys from :data:`PATHS`, :data:`FUSED_PATHS`,
     :data:`EXTRA_PATHS` plus ``"hopper"`` / ``"hopper_mid"`` (the GEMMs of the dense paths; ``"dense"`` configures
@@ -321,7 +357,10 @@ class DequantGemm:
         self.wide_m = (WIDE_M if wide_m is None else int(wide_m)) if hopper else None
         if hopper and self.wide_m < self.large_m:
             self.wide_m = self.large_m
-        self.dense_m = (FUSED_DENSE_M if dense_m is None else int(dense_m)) if hopper else None
+        #: first M of ``dense`` in the fused plan (None: not in it)
+        self.dense_m = int(dense_m) if hopper and dense_m is not None else None
+        if hopper and dense_m is None and not (self._fits("fused256") and fused_serves_every_m(weight_format)):
+            self.dense_m = FUSED_DENSE_M
         self.use_fused = fused
         self._spec = dict(N=self.N, K=self.K, group_size=group_size, dtype=self.dtype, weight_format=weight_format,
                           zeros_mode=zeros_mode, arch=self.arch, large_m=large_m, wide_m=wide_m, dense_m=dense_m,
@@ -389,16 +428,19 @@ class DequantGemm:
         """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path
         whose tiles do not fit N / K drops out and the path below it extends over its range."""
         if self._fused():
-            start = dict({"gemv8": 1, "gemv16": 9}, **_FUSED_START, dense=self.dense_m)
+            end = self.dense_m if self.dense_m is not None else float("inf")
+            start = dict({"gemv8": 1, "gemv16": 9}, **_FUSED_START, dense=end)
             small = (("fused8", "fused16") if self.bits in FUSED_SMALL_M_BITS
                      and self._fits("fused8") and self._fits("fused16") else ("gemv8", "gemv16"))
-            waves = [p for p in ONE_WAVE_PATHS if one_wave_fits(self.N, self.K) and self._fits(p)
-                     and start[p] < self.dense_m]
+            waves = [p for p in ONE_WAVE_PATHS if one_wave_fits(self.N, self.K) and self._fits(p) and start[p] < end]
+            skip = ()
             if waves:       # fused128x2 from the row after the last one-wave path's tile rows
                 start["fused128x2"] = _DEFAULTS[waves[-1]].block_m + 1
+            elif wide_tiles_fill(self.N) and self._fits("fused256"):    # fused256 instead of fused128x2
+                start["fused256"], skip = _FUSED_START["fused128x2"], ("fused128x2",)
             paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16) + ("dense",)
-                     if p == "dense" or p in waves or
-                     p not in ONE_WAVE_PATHS and self._fits(p) and start[p] < self.dense_m]
+                     if p == "dense" and self.dense_m is not None or p in waves or
+                     p != "dense" and p not in ONE_WAVE_PATHS + skip and self._fits(p) and start[p] < end]
             return self._spans(paths, start)
         start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
