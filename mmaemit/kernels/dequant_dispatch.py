@@ -300,9 +300,10 @@ class DequantGemm:
     visible GPU's (sm_90a rules without one when ``interpret``, else sm_80 rules). ``large_m``: first M of the
     ``dense_mid`` path (sm_90a without the fused paths; None = :data:`LARGE_M`). ``wide_m``: first M of ``dense``
     there (None = :data:`WIDE_M`). ``dense_m``: first M of ``dense`` when the fused paths serve below it (None:
-    no ``dense`` where ``fused256`` fits and :func:`fused_serves_every_m`, else :data:`FUSED_DENSE_M`). ``fused``: False keeps the second plan (tiled / dense_mid) where the fused paths would
-    serve, None uses the fused paths wherever they fit, True insists on them (``UnsupportedConfigError`` naming the
-    reason where none fits). ``configs``: per-path config overrides, keys from :data:`PATHS`, :data:`FUSED_PATHS`,
+    no ``dense`` where ``fused256`` fits and :func:`fused_serves_every_m`, else :data:`FUSED_DENSE_M`). ``fused``:
+    False keeps the second plan (tiled / dense_mid) where the fused paths would serve, None uses the fused paths
+    wherever they fit, True insists on them (``UnsupportedConfigError`` naming the reason where none fits).
+    ``configs``: per-path config overrides, keys from :data:`PATHS`, :data:`FUSED_PATHS`,
     :data:`EXTRA_PATHS` plus ``"hopper"`` / ``"hopper_mid"`` (the GEMMs of the dense paths; ``"dense"`` configures
     their dequant kernel). ``interpret``: run on the CPU interpreter. ``gated`` ("silu" / "gelu_tanh",
     :mod:`mmaemit.kernels.gated`): W holds a gate and an up weight interleaved by 16 rows (``interleave_gated``), and
@@ -358,9 +359,8 @@ class DequantGemm:
         if hopper and self.wide_m < self.large_m:
             self.wide_m = self.large_m
         #: first M of ``dense`` in the fused plan (None: not in it)
-        self.dense_m = int(dense_m) if hopper and dense_m is not None else None
-        if hopper and dense_m is None and not (self._fits("fused256") and fused_serves_every_m(weight_format)):
-            self.dense_m = FUSED_DENSE_M
+        self.dense_m = (None if not hopper else int(dense_m) if dense_m is not None else
+                        None if self._fits("fused256") and fused_serves_every_m(weight_format) else FUSED_DENSE_M)
         self.use_fused = fused
         self._spec = dict(N=self.N, K=self.K, group_size=group_size, dtype=self.dtype, weight_format=weight_format,
                           zeros_mode=zeros_mode, arch=self.arch, large_m=large_m, wide_m=wide_m, dense_m=dense_m,
