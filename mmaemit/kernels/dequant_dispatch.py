@@ -195,7 +195,8 @@ def wide_tiles_fill(N, sms=None) -> bool:
     H100, int4 g128 fp16, 28672 x 8192, µs, fused256 against fused128x2 (cuBLAS fp16): M=192 179.0-183.9 against
     212.9-216.6 (180.3-189.2), M=256 187.6-191.3 against 230.5-244.5 (210.6-213.7) (docs/perf-notes.md, thirteenth
     session)."""
-    return N % _DEFAULTS["fused256"].weight_rows == 0 and N // _DEFAULTS["fused256"].weight_rows >= _sm_count(sms)
+    rows = _DEFAULTS["fused256"].weight_rows
+    return N % rows == 0 and N // rows >= _sm_count(sms)
 
 
 def fused160_config(N, K, sms=None) -> HopperDequantConfig:
@@ -433,15 +434,15 @@ class DequantGemm:
             small = (("fused8", "fused16") if self.bits in FUSED_SMALL_M_BITS
                      and self._fits("fused8") and self._fits("fused16") else ("gemv8", "gemv16"))
             waves = [p for p in ONE_WAVE_PATHS if one_wave_fits(self.N, self.K) and self._fits(p) and start[p] < end]
-            skip = ()
+            skip = [p for p in ONE_WAVE_PATHS if p not in waves]
             if waves:       # fused128x2 from the row after the last one-wave path's tile rows
                 start["fused128x2"] = _DEFAULTS[waves[-1]].block_m + 1
             elif wide_tiles_fill(self.N) and self._fits("fused256"):    # fused256 instead of fused128x2
-                start["fused256"], skip = _FUSED_START["fused128x2"], ("fused128x2",)
-            paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16) + ("dense",)
-                     if p == "dense" and self.dense_m is not None or p in waves or
-                     p != "dense" and p not in ONE_WAVE_PATHS + skip and self._fits(p) and start[p] < end]
-            return self._spans(paths, start)
+                start["fused256"] = _FUSED_START["fused128x2"]
+                skip.append("fused128x2")
+            paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16)
+                     if p in waves or p not in skip and self._fits(p) and start[p] < end]
+            return self._spans(paths + (["dense"] if self.dense_m is not None else []), start)
         start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
         paths = [p for p in PATHS if start[p] is not None and self._fits(p)]
