@@ -126,7 +126,7 @@ def _fused_dispatcher():
     from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
 
     _, _, kw = _weights()
-    small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=3 if ks else 2, num_sms=2, k_split=ks)
+    small = {p: HopperDequantConfig(block_m=bm, consumers=c, stages=2 * c if ks else 2, num_sms=2, k_split=ks)
              for p, bm, c, ks in (("fused32", 16, 2, True), ("fused48", 24, 2, True), ("fused64", 32, 2, True),
                                   ("fused96", 48, 2, True), ("fused128", 64, 1, False), ("fused160", 80, 1, False),
                                   ("fused192", 96, 2, True), ("fused224", 112, 2, True), ("fused256k", 128, 2, True),
@@ -360,7 +360,7 @@ def test_fused160_config_by_grid():
     assert DequantGemm(8192, 8192, arch="sm_90a", configs={"fused160": mine}).configs["fused160"] is mine
     # 8-bit weights: the same tiles, fewer stages to fit shared memory
     int8 = DequantGemm(8192, 8192, dtype="bfloat16", weight_format="int8", arch="sm_90a").configs["fused160"]
-    assert int8.k_split and int8.block_m == 160 and int8.stages == 7
+    assert int8.k_split and int8.block_m == 160 and int8.stages == 6
 
 
 def test_one_wave_paths_by_grid():
@@ -381,7 +381,7 @@ def test_one_wave_paths_by_grid():
         assert dg.path_for(257) == ("fused256" if wide else "fused128x2" if nk[0] % 128 == 0 else dg.path_for(256)), (
             nk, dg.ranges)
     assert DequantGemm(14336, 4096, arch="sm_90a").path_for(161) == "fused128x2"
-    mine = HopperDequantConfig(block_m=224, consumers=2, stages=3, k_split=True)
+    mine = HopperDequantConfig(block_m=224, consumers=2, stages=4, k_split=True)
     dg = DequantGemm(8192, 8192, arch="sm_90a", configs={"fused224": mine})
     assert dg.configs["fused224"] is mine and dg.path_for(200) == "fused224"
     # a dense_m inside the one-wave range ends it there (fused128x2 would start after it)

@@ -201,14 +201,23 @@ def test_fused_hopper_errors():
     with pytest.raises(UnsupportedConfigError, match="consumers can have at most 104"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(consumers=4, k_split=True, stages=5), **ok)
     four = dict(block_m=32, consumers=4, k_split=True, consumer_regs=112, producer_regs=24)
-    with pytest.raises(UnsupportedConfigError, match="stages >= 5"):
+    with pytest.raises(UnsupportedConfigError, match="stages >= 8"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(stages=4, **four), **ok)
+    # k_split deals stages round robin: a consumer's parity wait is only sound if the stage's previous round was its
+    # own unit, so the stages are a multiple of the consumers (and min_stages rounds up to one)
+    with pytest.raises(UnsupportedConfigError, match="stages must be a multiple of 2 .*, not 5"):
+        make_dequant_gemm_hopper(64, 256, 1024, config=HopperDequantConfig(block_m=32, stages=5, k_split=True), **ok)
+    with pytest.raises(UnsupportedConfigError, match="stages must be a multiple of 4 .*, not 10"):
+        make_dequant_gemm_hopper(64, 256, 1024, config=HopperDequantConfig(stages=10, **four), **ok)
+    assert [HopperDequantConfig(consumers=c, k_split=True, in_flight=f).min_stages
+            for c in (2, 4) for f in (0, 1)] == [2, 4, 4, 8]
+    assert HopperDequantConfig(stages=5).min_stages == 2 and HopperDequantConfig(stages=5).stage_step == 1
     with pytest.raises(TileShapeError, match="multiple of 256"):
         make_dequant_gemm_hopper(64, 256, 640, config=HopperDequantConfig(stages=5, **four), group_size=-1)
     with pytest.raises(UnsupportedConfigError, match="accumulator registers"):
         make_dequant_gemm_hopper(128, 256, 512, config=HopperDequantConfig(**dict(four, block_m=128, stages=5)),
                                  **ok)
-    with pytest.raises(UnsupportedConfigError, match="stages >= 3"):
+    with pytest.raises(UnsupportedConfigError, match="stages >= 4"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(k_split=True, stages=2), **ok)
     with pytest.raises(TileShapeError, match="multiple of 128"):
         make_dequant_gemm_hopper(64, 256, 576, config=HopperDequantConfig(k_split=True), group_size=-1)
@@ -233,7 +242,7 @@ def test_fused_hopper_k_split_on_the_interpreter(M, k, in_flight, sms, k_split, 
     group = 128 if k == 512 else (192 if M == 21 else -1)
     args, kw, ref = _problem(M, 128, k, group, torch.float16, seed=M)
     cfg = HopperDequantConfig(block_m=32, consumers=consumers, k_split=k_split,
-                              stages=2 + 2 * producers if consumers == 2 else 6, num_sms=sms,
+                              stages=2 + 2 * producers if consumers == 2 else 8, num_sms=sms,
                               consumer_regs=232 if consumers == 2 else 112, producer_regs=40 if consumers == 2 else 24,
                               in_flight=in_flight, producers=producers, chunks_per_stage=cps, activation_boxes=xb)
     func, _ = make_dequant_gemm_hopper(None, 128, k, config=cfg, **kw)
@@ -250,7 +259,7 @@ def test_fused_hopper_handover_in_rounds_on_the_interpreter(M, in_flight, cps):
     from mmaemit.kernels.dequant_gemm_hopper import fused_smem_bytes
 
     args, kw, ref = _problem(M, 128, 1024, 128, torch.float16, seed=M + 5)
-    cfg = HopperDequantConfig(block_m=32, consumers=4, k_split=True, stages=6, num_sms=1, consumer_regs=112,
+    cfg = HopperDequantConfig(block_m=32, consumers=4, k_split=True, stages=8, num_sms=1, consumer_regs=112,
                               producer_regs=24, in_flight=in_flight, chunks_per_stage=cps, handover="rounds")
     func, _ = make_dequant_gemm_hopper(None, 128, 1024, config=cfg, **kw)
     C = torch.full((M, 128), float("nan"), dtype=torch.float16)
@@ -304,7 +313,7 @@ def test_fused_hopper_shared_quad_repair_is_bit_identical(fmt, zeros, dtype):
     into place) gives the bits of the shuffle transpose, for every word width (8-bit: two bundle words; 2 / 1-bit:
     bundles assembled after the transpose)."""
     outs = _fused_variants(fmt, zeros, dtype, 512, len(fmt), [
-        HopperDequantConfig(block_m=32, consumers=2, stages=3, k_split=True, chunks_per_stage=2, quad_repair=repair)
+        HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, quad_repair=repair)
         for repair in ("shuffle", "shared")])
     assert torch.equal(outs[0], outs[1])
 
@@ -338,7 +347,7 @@ def test_fused_hopper_chunk_pairs_are_bit_identical(fmt, zeros, dtype, consumers
     tables, 2- and 8-bit words; other values and stages of fewer than 4 chunks are refused."""
     regs = dict(consumer_regs=112, producer_regs=24) if consumers == 4 else {}
     outs = _fused_variants(fmt, zeros, dtype, 1024, len(fmt) + consumers, [
-        HopperDequantConfig(block_m=32, consumers=consumers, stages=consumers + 2, k_split=True, chunks_per_stage=4,
+        HopperDequantConfig(block_m=32, consumers=consumers, stages=2 * consumers, k_split=True, chunks_per_stage=4,
                             in_flight=in_flight, lookahead=lookahead, chunks_per_group=cpg, **regs)
         for cpg in (1, 2)])
     assert torch.equal(outs[0], outs[1])
@@ -468,7 +477,7 @@ def test_dispatcher_fused_path_by_name_outside_its_range():
     assert not set(FUSED_PATHS) & set(DequantGemm(N, K, interpret=True, arch="sm_80").runnable_paths())
 
 
-_SPLIT4 = dict(block_m=32, consumers=2, stages=3, k_split=True, chunks_per_stage=2, num_sms=3)
+_SPLIT4 = dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=3)
 
 
 @pytest.mark.parametrize("fmt, dtype, cfg", [
@@ -503,7 +512,7 @@ def _fused_on_the_interpreter(scheme, dtype, k, cfg, seed):
 
 
 @pytest.mark.parametrize("dtype, group, cfg", [
-    (torch.float16, 128, dict(block_m=32, consumers=2, stages=3, k_split=True, chunks_per_stage=4, num_sms=2)),
+    (torch.float16, 128, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=4, num_sms=2)),
     (torch.float16, 64, _SPLIT4), (torch.bfloat16, 192, dict(block_m=32, consumers=1, stages=3, chunks_per_stage=2,
                                                             num_sms=2)),
     (torch.bfloat16, -1, dict(block_m=64, consumers=1, stages=3, num_sms=2))])

@@ -234,18 +234,22 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused16": HopperDequantConfig(block_m=16, consumers=2, stages=6, k_split=True, chunks_per_stage=4),
              "fused32": HopperDequantConfig(block_m=32, consumers=4, stages=8, k_split=True, chunks_per_stage=4,
                                             consumer_regs=112, producer_regs=24, chunks_per_group=2),
-             "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=5, k_split=True, chunks_per_stage=4,
+             # k_split rings hold a multiple of their consumers' stages (HopperDequantConfig.stage_step): fused48 has
+             # 6 (5 before: 21.8-22.8 us against 21.7-21.9 at M=48), fused128 8 stages of one chunk (2 x 5 before:
+             # 36.9-42.0 against 34.8-36.0 at M=128, 140.9-142.1 against 132.6-135.9 at 28672 x 8192; 2 x 4
+             # 38.2-39.3), fused224 4 (53.2-53.7 against 53.6-54.6); H100, docs/perf-notes.md, fourteenth session
+             "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=6, k_split=True, chunks_per_stage=4,
                                             chunks_per_group=2),
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
                                             lookahead=True),
-             "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=5, k_split=True, chunks_per_stage=2),
+             "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=8, k_split=True, chunks_per_stage=1),
              "fused160": HopperDequantConfig(block_m=160, consumers=2, stages=5),
              # one wave of 64-row tiles (ONE_WAVE_PATHS): in_flight=0 measured faster at 224 and 256 rows (each
              # consumer otherwise holds a stage while it waits for its next) and within the spread at 192
              "fused192": HopperDequantConfig(block_m=192, consumers=2, stages=6, k_split=True, chunks_per_stage=1,
                                              in_flight=0),
-             "fused224": HopperDequantConfig(block_m=224, consumers=2, stages=5, k_split=True, chunks_per_stage=1,
+             "fused224": HopperDequantConfig(block_m=224, consumers=2, stages=4, k_split=True, chunks_per_stage=1,
                                              in_flight=0),
              "fused256k": HopperDequantConfig(block_m=256, consumers=2, stages=4, k_split=True, chunks_per_stage=1,
                                               in_flight=0),
@@ -374,7 +378,7 @@ class DequantGemm:
         """A fused path's default config for this problem: the 8-bit ring shape; for K that is not a multiple of its
         ``k_multiple`` the largest fallback that divides K (else unchanged, and the path drops out of the plan in
         ``_fits``); then fewer stages while the ring exceeds shared memory (8-bit weight boxes), down to
-        ``min_stages``."""
+        ``min_stages`` in steps that keep the stages a multiple of the k_split consumers (``stage_step``)."""
         if self.bits == 8 and path in _FUSED_8BIT:
             cfg = dataclasses.replace(cfg, **_FUSED_8BIT[path])
         if self.K % cfg.k_multiple:
@@ -383,9 +387,9 @@ class DequantGemm:
                 if self.K % alt.k_multiple == 0:
                     cfg = alt
                     break
-        while cfg.stages > cfg.min_stages and fused_smem_bytes(cfg, self.bits, self.group_size,
-                                                               self.zeros_mode is not None) > SMEM_LIMIT:
-            cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+        while cfg.stages - cfg.stage_step >= cfg.min_stages and fused_smem_bytes(
+                cfg, self.bits, self.group_size, self.zeros_mode is not None) > SMEM_LIMIT:
+            cfg = dataclasses.replace(cfg, stages=cfg.stages - cfg.stage_step)
         return cfg
 
     # ------------------------------------------------------------------------------------------------ planning

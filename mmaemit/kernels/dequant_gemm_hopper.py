@@ -90,7 +90,9 @@ class HopperDequantConfig:
     weight rows, consumer c on the chunks kt = c (mod consumers), and their fp32 sums meet in shared memory before
     the store: 2 or 4 warps per scheduler instead of one (measured on the H100 at M <= 128: 2 consumers 3-7 %
     faster than one, 4 no faster than 2; ``docs/perf-notes.md``). 4 consumers need ``consumer_regs`` <= 112 with
-    ``producer_regs=24`` (640 threads start with 96 registers each) and so ``block_m`` <= 96.
+    ``producer_regs=24`` (640 threads start with 96 registers each) and so ``block_m`` <= 96. With ``k_split``
+    ``stages`` is a multiple of ``consumers`` (:attr:`stage_step`): a consumer waits for a stage by its mbarrier
+    phase parity, which is sound only when the stage's previous round was its own unit.
     ``producers`` (1 or 2): threads of the producer warpgroup (lane 0 of warps 0 and 1) that issue the loads, each
     every ``producers``-th chunk (its own stages; ``stages`` a multiple of ``producers``): per chunk a producer waits
     on an mbarrier, arms one and issues three TMA copies.
@@ -161,8 +163,18 @@ class HopperDequantConfig:
     @property
     def min_stages(self) -> int:
         """The fewest ring stages this config can run with: ``in_flight=1`` holds a consumer's previous stage while
-        it waits for its next one, which with ``k_split`` is ``consumers`` stages later (fewer stages deadlock)."""
-        return max(2, (self.consumers if self.k_split else 1) * self.in_flight + 1)
+        it waits for its next one, which with ``k_split`` is ``consumers`` stages later (fewer stages deadlock);
+        with ``k_split`` the stages are also a multiple of ``consumers`` (:attr:`stage_step`)."""
+        least = max(2, (self.consumers if self.k_split else 1) * self.in_flight + 1)
+        return -(-least // self.stage_step) * self.stage_step
+
+    @property
+    def stage_step(self) -> int:
+        """What the stage count must be a multiple of: ``consumers`` with ``k_split`` (each consumer then meets the
+        same stages every ring round, so the unit one round before the one it waits for on a stage is its own, and
+        it has waited for that unit's copy; a parity wait cannot tell a phase from the one two rounds later, see
+        :func:`make_dequant_gemm_hopper`), else 1."""
+        return self.consumers if self.k_split else 1
 
 
 @dataclass(frozen=True)
@@ -382,6 +394,16 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise TileShapeError(f"k_split=True with {NC} consumers needs K a multiple of {cfg.k_multiple} (stages "
                              f"of {CPS} 64-wide chunks dealt round robin), not K={K}")
     KC = KU // STEP                       # units per consumer and tile
+    if ST % cfg.stage_step:
+        # consumer c waits for unit v on stage v % ST by the parity of round v // ST. That is only sound if the
+        # stage's previous round (unit v - ST) has landed: a parity wait on a barrier still in that round's phase
+        # passes at once (the phase before it, of the waited parity, is complete). With ST a multiple of the
+        # consumers, unit v - ST is c's own and c waited for it; otherwise it is another consumer's, whose copy may
+        # still be in flight (H100: an ablation whose consumers only wait and release faulted in the producer's
+        # expect-tx arrive with 5 stages and 2 consumers; docs/perf-notes.md, fourteenth session)
+        raise UnsupportedConfigError(f"k_split=True deals the ring's stages round robin to {NC} consumers: stages must "
+                                     f"be a multiple of {NC} (each consumer then meets its own previous round on "
+                                     f"every stage it waits for), not {ST}")
     if ST < cfg.min_stages:
         # in_flight=1 holds a consumer's previous chunk's stage while it waits for the next one's: with k_split that
         # is chunk kt - consumers, which shares kt's stage when stages <= consumers (a deadlock)
