@@ -352,3 +352,64 @@ def elect_lanes(first_active=3):
             O[tx] = d * T.uint32(100) + p
 
     return elect
+
+
+def round_robin_ring(units, stages, consumers=2):
+    """One CTA of 1 + ``consumers`` warps: thread 0 TMA-loads row u of ``G`` [units, 64] (float32) into ring stage
+    u % ``stages`` (full / empty mbarrier pairs, expect-tx of the row's 256 bytes), and consumer warp c takes the
+    units c, c + consumers, ... (stages dealt round robin, as the fused dequant kernel's ``k_split``): it waits for
+    the stage's full barrier by the parity of round u // stages, adds the row into its lanes' sums and releases the
+    stage (32 arrivals on empty); ``O[c, j]`` = sum of ``G[u, j]`` over its units. With ``stages`` not a multiple of
+    ``consumers`` the stage's previous round belongs to another consumer, and a parity wait passes on that round's
+    phase while its copy is in flight (H100: an unspecified launch failure in the producer's expect-tx arrive)."""
+    row = 64 * 4
+
+    @T.prim_func
+    def ring(G: T.Buffer((units * 64,), "float32"), O: T.Buffer((consumers * 64,), "float32")):
+        G_map: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+        T.tensormap_encode_tiled(G_map, G.data, 64, units, row, 64, 1, 1, 1, descriptor_dtype="float32", rank=2,
+                                 swizzle=0, l2_promotion=2, oob_fill=0)
+        T.device_entry()
+        _bx = T.cta_id([1])
+        tx = T.thread_id([32 * (1 + consumers)])
+        pool = T.SMEMPool()
+        tile = pool.alloc((stages, 64), "float32", align=1024)
+        full = pool.alloc((stages,), "uint64", align=8)
+        empty = pool.alloc((stages,), "uint64", align=8)
+        pool.commit()
+        done = T.local_scalar("uint32")
+        acc = T.alloc_local((2,), "float32")
+        if tx == 0:
+            for s in T.serial(stages):
+                T.ptx.mbarrier.init.shared__cta.b64(full.ptr_to([s]), T.uint32(1))
+                T.ptx.mbarrier.init.shared__cta.b64(empty.ptr_to([s]), T.uint32(32))
+            T.ptx.fence.mbarrier_init.release.cluster()
+        T.cuda.cta_sync()
+        if tx == 0:
+            for u in T.serial(units):
+                done = T.uint32(0)
+                while done == T.uint32(0):
+                    T.ptx.mbarrier.try_wait.parity.shared__cta.b64(done, empty.ptr_to([u % stages]),
+                                                                   T.Cast("uint32", (u // stages) % 2 ^ 1))
+                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(full.ptr_to([u % stages]), T.uint32(row))
+                T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+                    tile.ptr_to([u % stages, 0]), T.address_of(G_map), T.int32(0), T.Cast("int32", u),
+                    full.ptr_to([u % stages]))
+        if tx >= 32:
+            c = T.meta_var(tx // 32 - 1)
+            lane = T.meta_var(tx % 32)
+            acc[0] = T.float32(0)
+            acc[1] = T.float32(0)
+            for j in T.serial((units - c + consumers - 1) // consumers):
+                u = T.meta_var(c + consumers * j)
+                done = T.uint32(0)
+                while done == T.uint32(0):
+                    T.ptx.mbarrier.try_wait.parity.shared__cta.b64(done, full.ptr_to([u % stages]),
+                                                                   T.Cast("uint32", (u // stages) % 2))
+                acc[0] = acc[0] + tile[u % stages, lane]
+                acc[1] = acc[1] + tile[u % stages, lane + 32]
+                T.ptx.mbarrier.arrive.shared__cta.b64(empty.ptr_to([u % stages]))
+            O[c * 64 + lane] = acc[0]
+            O[c * 64 + lane + 32] = acc[1]
+
+    return ring

@@ -804,3 +804,23 @@ def test_clusters_of_more_than_one_cta_are_refused_clearly():
     args = _gemm_args(256, 128, 128)
     with pytest.raises(UnsupportedConfigError, match="clusters of one CTA"):
         interpret(f, args[0], args[1], args[2].astype(np.float16))
+
+
+@pytest.mark.parametrize("stages, consumers", [(2, 2), (3, 2), (4, 2), (5, 2), (6, 3), (4, 3)])
+def test_round_robin_ring_parity_alias(stages, consumers):
+    """Consumers dealt a ring's stages round robin (the fused dequant kernel's k_split) wait by phase parity. TMA loads
+    land as late as a legal schedule allows (only when nothing else can run), so with stages not a multiple of the
+    consumers a consumer meets a stage whose previous round, another consumer's unit, is still in flight: its parity
+    wait passes on that round's phase and it reads bytes the copy has not written (the H100 faulted in the producer's
+    expect-tx arrive on this pattern). With a multiple, every sum is exact."""
+    units = 12
+    G = np.random.default_rng(stages).standard_normal((units, 64)).astype(np.float32)
+    O = np.full(64 * consumers, np.nan, np.float32)
+    report = interpret(K.round_robin_ring(units, stages, consumers), G.reshape(-1), O, on_error="report")
+    if stages % consumers:
+        assert report.errors and report.errors[0].kind == "tma_before_wait", report.summary()
+        assert "passed on an earlier phase" in report.errors[0].message
+    else:
+        assert report.ok, report.summary()
+        ref = np.stack([G[c::consumers].sum(0) for c in range(consumers)]).reshape(-1)
+        assert np.allclose(O, ref, rtol=1e-5, atol=1e-5)

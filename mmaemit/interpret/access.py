@@ -102,6 +102,12 @@ def shared_check(st, site, b, thr, write, name_hint=None, initialize=True):
             shared_fault(st, site, "wgmma_before_wait", bf[k], int(thr[k // width]),
                          "write to shared memory that a wgmma.mma_async in flight reads (missing "
                          "wgmma.wait_group before overwriting its operand)")
+        tpend = smem.tma_pending[bf] > 0
+        if tpend.any():
+            k = int(np.argmax(tpend))
+            shared_fault(st, site, "race", bf[k], int(thr[k // width]),
+                         "write to shared memory that a TMA load in flight also writes (its mbarrier phase was not "
+                         "waited for)")
         blk = smem.bulk_reading[bf] > 0
         if blk.any():
             k = int(np.argmax(blk))
@@ -117,6 +123,14 @@ def shared_check(st, site, b, thr, write, name_hint=None, initialize=True):
         smem.note_writes(bf, w, initialize=initialize)
         return
     pend, uninit, race = smem.read_hazards(bf, w)
+    tpend = smem.tma_pending[bf] > 0
+    if tpend.any():
+        k = int(np.argmax(tpend))
+        shared_fault(st, site, "tma_before_wait", bf[k], int(thr[k // width]),
+                     "read of shared memory that a TMA load writes, before waiting for the mbarrier phase the load "
+                     "completes: the data has not landed (no wait, or a parity wait that passed on an earlier phase "
+                     "of the barrier)")
+        uninit = uninit & ~tpend
     if pend.any():
         k = int(np.argmax(pend))
         shared_fault(st, site, "cp_async_before_wait", bf[k], int(thr[k // width]),

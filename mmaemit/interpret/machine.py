@@ -223,12 +223,13 @@ class Scheduler:
         """Threads of the contexts that have not finished (a count-less CTA barrier waits for these)."""
         return sum(len(c.threads) for c in self.contexts if c.state != "done")
 
-    def block(self, st, kind, ready, describe, site):
-        """Called by a running context: wait until ``ready()`` holds, letting the other contexts run."""
+    def block(self, st, kind, ready, describe, site, barriers=()):
+        """Called by a running context: wait until ``ready()`` holds, letting the other contexts run. ``barriers``:
+        the mbarrier addresses the wait needs (the asynchronous units complete work for those first)."""
         if ready():
             return
         ctx = st.ctx
-        ctx.wait = (kind, ready, describe, site, st)
+        ctx.wait = (kind, ready, describe, site, st, tuple(barriers))
         ctx.state = "blocked"
         self.main.release()
         ctx.sem.acquire()
@@ -273,6 +274,8 @@ class Scheduler:
             while True:
                 runnable = [c for c in self.contexts
                             if c.state == "ready" or (c.state == "blocked" and c.wait[1]())]
+                if not runnable and self._land():
+                    continue
                 if not runnable:
                     if all(c.state == "done" for c in self.contexts):
                         break
@@ -289,11 +292,23 @@ class Scheduler:
             for t in threads:
                 t.join()
 
+    def _land(self) -> bool:
+        """Nothing can run: let an asynchronous unit complete work in flight (a TMA load lands), as late as possible.
+        The waits of the context that ran last are served first, then the other blocked contexts' in round-robin
+        order, then the oldest work in flight: a schedule in which copies land in any order and only when waited for,
+        so a wait that passes on an old mbarrier phase reads shared memory the copy has not written yet."""
+        n = len(self.contexts)
+        order = sorted((c for c in self.contexts if c.state == "blocked"), key=lambda x: (x.index - self.last) % n)
+        for c in order:
+            if c.wait[5] and land_async(c.st, c.wait[5]):
+                return True
+        return bool(order) and land_async(order[0].st, None)
+
     def _report_deadlock(self, rec):
         blocked = [c for c in self.contexts if c.state == "blocked"]
         budget = [c for c in blocked if c.wait[0] == "setmaxnreg"]
         first = (budget or blocked)[0]
-        _kind, _ready, describe, site, st = first.wait
+        _kind, _ready, describe, site, st = first.wait[:5]
         done = [c.name() for c in self.contexts if c.state == "done"]
         waits = "; ".join(f"{self._waiting(c)} wait{'s' if self._waiting(c).startswith('warp ') else ''} in "
                           f"{c.wait[2]()}" for c in blocked)
@@ -319,12 +334,23 @@ class Scheduler:
         return name
 
 
-def block(st, kind, ready, describe, site):
-    """Wait until ``ready()`` holds. With one context nothing else can run: a wait that does not hold is a
-    deadlock, reported at once (and the kernel is abandoned by an error in raise mode)."""
+def land_async(st, barriers=None) -> bool:
+    """Complete one piece of asynchronous work in flight (the landers that units register in ``st.units["landers"]``,
+    e.g. TMA loads): with ``barriers`` (mbarrier addresses) only work that signals one of them, else the oldest.
+    False when there is no such work."""
+    return any(lander(st, barriers) for lander in st.units.get("landers", ()))
+
+
+def block(st, kind, ready, describe, site, barriers=()):
+    """Wait until ``ready()`` holds. With one context nothing else can run but the asynchronous units: work in flight
+    lands (what ``barriers`` needs first) until the wait holds; a wait that still does not hold is a deadlock, reported
+    at once (and the kernel is abandoned by an error in raise mode)."""
     if st.sched is not None:
-        st.sched.block(st, kind, ready, describe, site)
+        st.sched.block(st, kind, ready, describe, site, barriers)
         return True
+    while not ready():
+        if not (barriers and land_async(st, barriers)) and not land_async(st, None):
+            break
     if ready():
         return True
     st.rec.fault(st, "register_budget" if kind == "setmaxnreg" else "deadlock", site,

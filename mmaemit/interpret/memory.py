@@ -12,6 +12,7 @@ Shared memory shadow state, per byte, used for the diagnostics:
   number of the last retired wgmma that read it (a wgmma's reads stay the reading warps' until a ``wait_group``
   retires it, then they belong to the warpgroup's wgmma agent, which every warp that retired it knows);
 * ``pending``: cp.async copies issued into the byte whose data has not landed yet;
+* ``tma_pending``: TMA loads issued into the byte that have not landed yet (``tma_exec``);
 * ``wg_reading``: pending ``wgmma.mma_async`` operations that read the byte (writing it is a hazard);
 * ``bulk_reading``: TMA stores (``cp.async.bulk.tensor`` to global) whose read of the byte has not been waited for;
 * ``unfenced``: written through the generic proxy since the writing warp's last ``fence.proxy.async`` (wgmma and TMA
@@ -154,6 +155,7 @@ class SharedMemory(Region):
         self.clocks = VectorClocks(max(warps, 1))
         self.r_clock = np.zeros((n, self.clocks.readers), np.int32)
         self.pending = np.zeros(n, np.int16)
+        self.tma_pending = np.zeros(n, np.int16)
         self.wg_reading = np.zeros(n, np.int16)
         self.bulk_reading = np.zeros(n, np.int16)
         self.unfenced = np.zeros(n, bool)

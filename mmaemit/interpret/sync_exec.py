@@ -229,7 +229,7 @@ def _wait_closure(kp, site, faddr, fparity, writer, what):
         def describe():
             return "; ".join(f"{what} for the phase of parity {p} of {e.name}: {e.obj.describe()}"
                              for e, p, _ts in pairs if not e.obj.phase_completed(p))
-        if not block(st, "mbarrier", ready, describe, site):
+        if not block(st, "mbarrier", ready, describe, site, [e.addr for e, _p, _ts in pairs]):
             return
         clocks = st.smem.clocks
         for e, _p, ts in pairs:

@@ -2,11 +2,16 @@
 mbarrier) and stores (shared -> global, bulk async-groups), with the semantics of ``mmaemit.ptx.tma``; L2 prefetches
 (``cp.async.bulk.prefetch.tensor``) are checked (map, rank) and have no effect.
 
-Model. A load reads the global box when issued and writes it into shared memory right away, as the TMA agent of the
-mbarrier it signals (``sync_exec``): its ``complete_tx`` of the box's bytes counts toward that barrier's current
-phase, and the written bytes are ordered only for warps that waited for a phase that includes it (or learned of it
-through later synchronization): reading them earlier is a ``tma_before_wait`` error, overwriting shared memory that
-warps read without a release / acquire chain (the ring's "empty" barrier) is a race. A store reads its shared box when
+Model. A load reads the global box when issued and lands it later: it writes shared memory, as the TMA agent of the
+mbarrier it signals (``sync_exec``), and completes ``complete_tx`` of the box's bytes on that barrier's current phase
+only when nothing else in the CTA can make progress (``machine.land_async``), first for the wait of the context
+that ran last, so copies land in any order and as late as a legal schedule allows. Until then its bytes are in
+flight: reading them is a ``tma_before_wait`` error (e.g. a parity wait that passed on an earlier phase of the
+barrier, which a ring whose waiters do not meet every round of a stage allows), writing them a race, and a CTA that
+ends with a load in flight a ``tma_before_wait`` error. Landed bytes are ordered only for warps that waited for a
+phase that includes the load (or learned of it through later synchronization): reading them earlier is a
+``tma_before_wait`` error, overwriting shared memory that warps read without a release / acquire chain (the ring's
+"empty" barrier, checked when the load is issued) is a race. A store reads its shared box when
 issued (through the async proxy: generic writes need a ``fence.proxy.async`` first), writes the in-tensor elements to
 global memory, and keeps the shared bytes "being read" until a ``cp.async.bulk.wait_group.read`` (or ``wait_group``)
 of the issuing thread retires its bulk group: writing them earlier is a ``tma_before_wait`` error, and so is a CTA
@@ -50,13 +55,50 @@ class BulkGroups:
 
 
 def setup_cta(st):
-    """Before a CTA of a kernel with tensor copies: no bulk groups, no tensor maps seen."""
+    """Before a CTA of a kernel with tensor copies: no bulk groups, no loads in flight, no tensor maps seen."""
     st.bulk = BulkGroups(st.T)
     st.units["tma_maps"] = []
+    st.units["tma_loads"] = []
+    st.units.setdefault("landers", []).append(_land)
+
+
+def _land(st, barriers) -> bool:
+    """Land the loads in flight that signal one of ``barriers`` (all of them, in issue order), or with None the
+    oldest load; False when there is none."""
+    loads = st.units["tma_loads"]
+    if barriers is None:
+        pick = loads[:1]
+    else:
+        want = {int(a) for a in barriers}
+        pick = [ld for ld in loads if ld["e"].addr in want]
+    if not pick:
+        return False
+    chosen = {id(ld) for ld in pick}
+    loads[:] = [ld for ld in loads if id(ld) not in chosen]
+    for ld in pick:
+        smem, b, e = st.smem, ld["b"], ld["e"]
+        np.add.at(smem.tma_pending, b, -1)
+        smem.note_writes(b, np.full(len(b), e.agent, np.int64), clock=ld["clock"], initialize=True, generic=False)
+        smem.data[b] = ld["data"]
+        smem.tma_origin[ld["chunk"]] = ld["origin"]
+        smem.tma_map[ld["chunk"]] = ld["map"]
+        try:
+            mbarrier_release(st, e, ld["know"], tx_done=ld["tx"])
+        except MbarrierStateError as err:
+            st.rec.fault(st, "mbarrier", ld["site"], f"{ld['what']}: {err} ({e.name})", thread=ld["t"])
+    return True
 
 
 def finish_cta(st):
-    """End of a CTA: TMA stores still reading shared memory that is about to be freed."""
+    """End of a CTA: TMA loads still in flight into, and TMA stores still reading, shared memory that is about to be
+    freed."""
+    loads = st.units.get("tma_loads")
+    if loads:
+        ld = loads[0]
+        shared_fault(st, None, "tma_before_wait", int(ld["b"][0]), ld["t"],
+                     f"the CTA finished with {len(loads)} TMA load(s) in flight into its shared memory (first: "
+                     f"{ld['what']} on {ld['e'].name}); wait for their mbarrier phase before the CTA exits")
+        loads.clear()
     if st.bulk is not None and st.bulk.ops:
         t, _g, b, desc = st.bulk.ops[0]
         shared_fault(st, None, "tma_before_wait", int(b[0]), int(t),
@@ -164,16 +206,18 @@ def _load(st, site, t, tm, coords, dst, bar, what):
                      f"shared-memory race: {what} (issued by warp {w}) overwrites shared memory with no ordering "
                      f"after {smem.conflicts(int(b[k]), int(e.agent), 'write', know)} (missing wait on the barrier "
                      f"the readers release, e.g. the ring's 'empty' mbarrier)")
-    smem.note_writes(b, agent, clock=know[e.agent], initialize=True, generic=False)
-    smem.data[b] = data.reshape(-1)
+    tp = smem.tma_pending[b] > 0
+    if tp.any():
+        k = int(np.argmax(tp))
+        shared_fault(st, site, "race", b[k], int(t), f"{what} writes shared memory that another TMA load in flight "
+                     f"also writes (its mbarrier phase was not waited for)")
     per = max(16 // tm.elem_bytes, 1)
     chunk = elems[::per] // 16
-    smem.tma_origin[chunk] = base + box_chunk_origins(tm, coords)
-    smem.tma_map[chunk] = _map_id(st, tm)
-    try:
-        mbarrier_release(st, e, know, tx_done=tm.box_bytes)
-    except MbarrierStateError as err:
-        st.rec.fault(st, "mbarrier", site, f"{what}: {err} ({e.name})", thread=int(t))
+    # in flight until it lands (machine.land_async -> _land): the bytes are the TMA agent's from now on
+    np.add.at(smem.tma_pending, b, 1)
+    st.units["tma_loads"].append({"b": b, "data": data.reshape(-1), "e": e, "know": know, "clock": know[e.agent],
+                                  "tx": tm.box_bytes, "chunk": chunk, "origin": base + box_chunk_origins(tm, coords),
+                                  "map": _map_id(st, tm), "t": int(t), "site": site, "what": what})
     st.rec.count("tma.load")
 
 
