@@ -96,24 +96,17 @@ def shared_check(st, site, b, thr, write, name_hint=None, initialize=True):
     bf = b.reshape(-1)
     w = np.repeat(st.warp_of[thr], width).astype(np.int64)
     if write:
-        wgr = smem.wg_reading[bf] > 0
-        if wgr.any():
-            k = int(np.argmax(wgr))
-            shared_fault(st, site, "wgmma_before_wait", bf[k], int(thr[k // width]),
-                         "write to shared memory that a wgmma.mma_async in flight reads (missing "
-                         "wgmma.wait_group before overwriting its operand)")
-        tpend = smem.tma_pending[bf] > 0
-        if tpend.any():
-            k = int(np.argmax(tpend))
-            shared_fault(st, site, "race", bf[k], int(thr[k // width]),
-                         "write to shared memory that a TMA load in flight also writes (its mbarrier phase was not "
-                         "waited for)")
-        blk = smem.bulk_reading[bf] > 0
-        if blk.any():
-            k = int(np.argmax(blk))
-            shared_fault(st, site, "tma_before_wait", bf[k], int(thr[k // width]),
-                         "write to shared memory that a TMA store in flight still reads (missing "
-                         "cp.async.bulk.wait_group.read before reusing the buffer)")
+        # asynchronous operations in flight on the bytes: (their counters, the fault kind, what the write breaks)
+        for busy, kind, what in (
+                (smem.wg_reading, "wgmma_before_wait", "a wgmma.mma_async in flight reads (missing wgmma.wait_group "
+                                                       "before overwriting its operand)"),
+                (smem.tma_pending, "race", "a TMA load in flight also writes (its mbarrier phase was not waited for)"),
+                (smem.bulk_reading, "tma_before_wait", "a TMA store in flight still reads (missing "
+                                                       "cp.async.bulk.wait_group.read before reusing the buffer)")):
+            hit = busy[bf] > 0
+            if hit.any():
+                k = int(np.argmax(hit))
+                shared_fault(st, site, kind, bf[k], int(thr[k // width]), f"write to shared memory that {what}")
         race = smem.write_hazards(bf, w)
         if race.any():
             k = int(np.argmax(race))
