@@ -53,7 +53,8 @@ def reference_box(glob, dims, strides, box, es, coords, elem, span, fill_nan=Fal
 
 
 def tma_roundtrip(dims, strides, box, es, coords, store_coords, *, dtype="float16", swizzle=0, oob_fill=0,
-                  smem_offset=0, read_before_wait=False, no_store_wait=False, store_without_fence=False, nelem=None):
+                  smem_offset=0, read_before_wait=False, no_store_wait=False, store_without_fence=False, nelem=None,
+                  never_wait=False):
     """One CTA of 128 threads: thread 0 TMA-loads the box at ``coords`` into shared memory (at ``smem_offset`` from a
     1024-aligned pool) through an mbarrier (expect-tx of the box bytes), every thread waits on it (try_wait.parity in
     a while loop) and copies the raw shared bytes to ``O``; then the tile is TMA-stored at ``store_coords`` into
@@ -63,7 +64,7 @@ def tma_roundtrip(dims, strides, box, es, coords, store_coords, *, dtype="float1
     laid out; ``nelem`` overrides their size). Faults: ``read_before_wait`` (the issuing warp reads the tile right
     after issuing the copy, before waiting), ``no_store_wait`` (no
     ``cp.async.bulk.wait_group.read`` before the CTA ends), ``store_without_fence`` (no ``fence.proxy.async``
-    between the threads' rewrite and the TMA store)."""
+    between the threads' rewrite and the TMA store), ``never_wait`` (the CTA ends right after issuing the load)."""
     rank = len(dims)
     elem = {"float16": 2, "bfloat16": 2, "float32": 4, "uint8": 1, "int32": 4}[dtype]
     byte_strides = [elem] + list(strides)
@@ -108,24 +109,25 @@ def tma_roundtrip(dims, strides, box, es, coords, store_coords, *, dtype="float1
             issue_load(tile, G_map, bar)
         if read_before_wait and tx < 32:
             O[tx] = tile[smem_offset + tx]
-        done = T.uint32(0)
-        while done == T.uint32(0):
-            T.ptx.mbarrier.try_wait.parity.shared__cta.b64(done, bar.ptr_to([0]), T.uint32(0))
-        for i in T.serial((box_bytes + 127) // 128):
-            if i * 128 + tx < box_bytes:
-                O[i * 128 + tx] = tile[smem_offset + i * 128 + tx]
-        T.cuda.cta_sync()
-        for i in T.serial((box_bytes + 127) // 128):
-            if i * 128 + tx < box_bytes:
-                tile[smem_offset + i * 128 + tx] = O[i * 128 + tx]
-        if not store_without_fence:
-            T.ptx.fence.proxy.async_.shared__cta()
-        T.cuda.cta_sync()
-        if tx == 0:
-            issue_store(C_map, tile)
-            T.ptx.cp.async_.bulk.commit_group()
-            if not no_store_wait:
-                T.ptx.cp.async_.bulk.wait_group.read(0)
+        if not never_wait:
+            done = T.uint32(0)
+            while done == T.uint32(0):
+                T.ptx.mbarrier.try_wait.parity.shared__cta.b64(done, bar.ptr_to([0]), T.uint32(0))
+            for i in T.serial((box_bytes + 127) // 128):
+                if i * 128 + tx < box_bytes:
+                    O[i * 128 + tx] = tile[smem_offset + i * 128 + tx]
+            T.cuda.cta_sync()
+            for i in T.serial((box_bytes + 127) // 128):
+                if i * 128 + tx < box_bytes:
+                    tile[smem_offset + i * 128 + tx] = O[i * 128 + tx]
+            if not store_without_fence:
+                T.ptx.fence.proxy.async_.shared__cta()
+            T.cuda.cta_sync()
+            if tx == 0:
+                issue_store(C_map, tile)
+                T.ptx.cp.async_.bulk.commit_group()
+                if not no_store_wait:
+                    T.ptx.cp.async_.bulk.wait_group.read(0)
 
     return roundtrip
 

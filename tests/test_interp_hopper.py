@@ -310,6 +310,8 @@ def test_tma_kernels_compile_to_utmaldg_and_utmastg():
 
 @pytest.mark.parametrize("fault, kind", [("read_before_wait", "tma_before_wait"),
                                          ("no_store_wait", "tma_before_wait"),
+                                         # a load that lands only when nothing else can run: still in flight at exit
+                                         ("never_wait", "tma_before_wait"),
                                          ("store_without_fence", "missing_proxy_fence")])
 def test_tma_faults_fire_and_the_correct_kernel_is_quiet(fault, kind):
     c = ROUNDTRIPS["2d_128B"]
