@@ -115,15 +115,13 @@ def shared_check(st, site, b, thr, write, name_hint=None, initialize=True):
                          f"{smem.conflicts(int(bf[k]), int(w[k]), 'write')} with no barrier in between")
         smem.note_writes(bf, w, initialize=initialize)
         return
-    pend, uninit, race = smem.read_hazards(bf, w)
-    tpend = smem.tma_pending[bf] > 0
+    pend, tpend, uninit, race = smem.read_hazards(bf, w)
     if tpend.any():
         k = int(np.argmax(tpend))
         shared_fault(st, site, "tma_before_wait", bf[k], int(thr[k // width]),
                      "read of shared memory that a TMA load writes, before waiting for the mbarrier phase the load "
                      "completes: the data has not landed (no wait, or a parity wait that passed on an earlier phase "
                      "of the barrier)")
-        uninit = uninit & ~tpend
     if pend.any():
         k = int(np.argmax(pend))
         shared_fault(st, site, "cp_async_before_wait", bf[k], int(thr[k // width]),

@@ -187,14 +187,16 @@ class SharedMemory(Region):
     # -- checks: each returns a boolean mask over the flat byte list it was given ------------------------------
 
     def read_hazards(self, b, w):
-        """(pending, uninitialized, unordered) masks for reads of bytes ``b`` by warps ``w`` (same shape):
-        cp.async data not landed, never written, or written by another warp / agent the reader does not know of."""
+        """(pending, TMA pending, uninitialized, unordered) masks for reads of bytes ``b`` by warps ``w`` (same
+        shape): cp.async data not landed, a TMA load not landed, never written, or written by another warp / agent
+        the reader does not know of."""
         pend = self.pending[b] > 0
-        uninit = ~self.init[b] & ~pend
+        tpend = self.tma_pending[b] > 0
+        uninit = ~self.init[b] & ~pend & ~tpend
         x = self.w_warp[b].astype(np.int64)
         known = self.clocks.vc[np.asarray(w, np.int64), np.maximum(x, 0)]
         race = (x >= 0) & (x != w) & (known < self.w_clock[b])
-        return pend, uninit, race
+        return pend, tpend, uninit, race
 
     def note_reads(self, b, w):
         w = np.asarray(w, np.int64)

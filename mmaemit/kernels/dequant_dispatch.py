@@ -17,16 +17,16 @@ path            M range (defaults)    kernel
                                       rows x 64 weight rows per tile, four consumer warpgroups splitting K
                                       (``k_split``), 8 stages of 4 chunks (fewer for K not a multiple of 1024),
                                       two chunks per wgmma group
-``fused48``     33 .. 48              the same, 48 activation rows, two consumers, 5 stages
+``fused48``     33 .. 48              the same, 48 activation rows, two consumers, 6 stages
 ``fused64``     49 .. 64              the same, 64 activation rows, 4 stages, one chunk per wgmma group
 ``fused96``     65 .. 96              the same, 96 activation rows, 6 stages of 2 chunks
-``fused128``    97 .. 128             the same, 128 activation rows, 5 stages of 2 chunks
+``fused128``    97 .. 128             the same, 128 activation rows, 8 stages of one chunk
 ``fused160``    129 .. 160            160 x 64 tiles, two consumers splitting K, 8 stages of one chunk, where N / 64
                                       tiles fit one wave (:func:`fused160_config`), else 160 x 128 tiles, two
                                       consumer warpgroups, 5 stages of one chunk
 ``fused192``    161 .. 192            192 x 64 tiles, two consumers splitting K, 6 stages of one chunk, where N / 64
                                       tiles fit one wave (:data:`ONE_WAVE_PATHS`; else ``fused128x2`` serves)
-``fused224``    193 .. 224            the same, 224 activation rows, 5 stages
+``fused224``    193 .. 224            the same, 224 activation rows, 4 stages
 ``fused256k``   225 .. 256            the same, 256 activation rows, 4 stages
 ``fused128x2``  257 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks (from 161 where
                                       the one-wave tiles do not fit; not where ``fused256``'s tiles fill the GPU

@@ -53,6 +53,7 @@ run here too.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import dataclass
 
@@ -170,11 +171,11 @@ class HopperDequantConfig:
 
     @property
     def stage_step(self) -> int:
-        """What the stage count must be a multiple of: ``consumers`` with ``k_split`` (each consumer then meets the
-        same stages every ring round, so the unit one round before the one it waits for on a stage is its own, and
-        it has waited for that unit's copy; a parity wait cannot tell a phase from the one two rounds later, see
-        :func:`make_dequant_gemm_hopper`), else 1."""
-        return self.consumers if self.k_split else 1
+        """What the stage count must be a multiple of: ``producers`` and, with ``k_split``, ``consumers``. Each
+        producer and each k_split consumer then meets the same stages every ring round, so the unit one round before
+        the one it waits for on a stage is its own, and it has waited for that unit's barrier phase; a parity wait
+        cannot tell a phase from the one two rounds later (see :func:`make_dequant_gemm_hopper`)."""
+        return math.lcm(self.producers, self.consumers if self.k_split else 1)
 
 
 @dataclass(frozen=True)
