@@ -216,6 +216,7 @@ def test_fast_programs_are_the_fast_decode_spec_op_for_op():
     rng = np.random.default_rng(5)
     for (f, d), modes in sorted(fd.FAST_PATHS.items()):
         variants = ("shift", "marlin") if get_format(f).bits == 4 and d == "float16" else ("shift",)
+        assert D.variants_of(f, d) == variants, (f, d)
         for m in modes:
             for variant in variants:
                 for arch in ("sm_80", "sm_90a"):

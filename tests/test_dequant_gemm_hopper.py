@@ -357,6 +357,48 @@ def test_fused_hopper_chunk_pairs_are_bit_identical(fmt, zeros, dtype, consumers
         make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(chunks_per_group=2, chunks_per_stage=2))
 
 
+@pytest.mark.parametrize("fmt, zeros, group_cps", [("int4", None, 4), ("uint4", "quantized", 2),
+                                                    ("uint4", "original", 1), ("int4_ob", None, 2)])
+def test_fused_hopper_decode_variants_are_bit_identical(fmt, zeros, group_cps):
+    """decode_variant: "auto" takes Marlin's decode for 4-bit integer codes to float16 (one shift per word, the high
+    nibbles' magic removed by an exact fma by 1/16), with the bits of "shift" (zero points, 1 / 2 / 4 chunks per
+    stage, so the scales are reused across 1 or 2 chunks of a group); a variant the format lacks is refused."""
+    outs = _fused_variants(fmt, zeros, torch.float16, 1024, 11 + group_cps, [
+        HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=group_cps,
+                            decode_variant=v) for v in ("shift", "auto", "marlin")])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    with pytest.raises(UnsupportedConfigError, match="marlin variant exists for 4-bit integer formats"):
+        make_dequant_gemm_hopper(None, 128, 1024, dtype="bfloat16", config=HopperDequantConfig(decode_variant="marlin"))
+    with pytest.raises(UnsupportedConfigError, match="marlin variant exists for 4-bit integer formats"):
+        make_dequant_gemm_hopper(None, 128, 1024, weight_format="int8",
+                                 config=HopperDequantConfig(decode_variant="marlin"))
+    with pytest.raises(UnsupportedConfigError, match="decode_variant='fast'; valid: 'auto', 'marlin', 'shift'"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(decode_variant="fast"))
+
+
+def test_fused64_chunk_instruction_budget():
+    """The per-chunk SASS of the default fused64 (int4, fp16; nvcc only): the cuts of the fifteenth session stay in.
+    Between two warpgroup arrives (one chunk: LDS of the words, quad repair, decode, 4 HGMMA) at most 96
+    instructions (114 before): Marlin's decode (4 SHF per chunk, not 12), one lop3 select per repair bundle word
+    (not two), the scale pairs by PRMT once per scale group (not shift + mask + multiply every chunk), and a 32-bit
+    add per wgmma descriptor (one uniform add, not three)."""
+    from mmaemit.kernels.dequant_dispatch import _DEFAULTS
+
+    func, _ = make_dequant_gemm_hopper(None, 8192, 8192, 128, "float16", config=_DEFAULTS["fused64"])
+    sass = mmaemit.compile(func, target="sm_90a").sass("sm_90a")
+    ops = [line.split("*/")[1].split(";")[0].split() for line in sass.splitlines()
+           if line.strip().startswith("/*") and "*/" in line and ";" in line]
+    ops = [o[1] if o[0].startswith("@") else o[0] for o in ops if o]
+    arrives = [i for i, o in enumerate(ops) if o == "WARPGROUP.ARRIVE"]
+    chunks = [ops[a + 1:b + 1] for a, b in zip(arrives, arrives[1:])]
+    assert len(chunks) >= 4, len(chunks)
+    counts = [len(c) for c in chunks[1:3]]           # a stage's interior chunks (the 4th also waits for the next)
+    assert max(counts) <= 96, counts
+    for c in chunks[1:3]:
+        assert sum(o.startswith("HGMMA") for o in c) == 4 and sum(o.split(".")[0] == "SHF" for o in c) <= 8, c
+        assert sum(o.startswith("UIADD3.64") for o in c) == 0, c
+
+
 def test_fused_hopper_chunk_pairs_sass():
     """sm_90a SASS of fused32's and fused48's defaults (two chunks per wgmma group): half the wgmma fences of one
     chunk per group, the same HGMMA count, no spills for 4-, 2- and 1-bit weights, zero points and nf4."""

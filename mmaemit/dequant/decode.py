@@ -101,7 +101,7 @@ from .formats import NF4_TABLE, Format, get_format
 from .interleave import bit_positions
 from .rounding import half_name
 
-__all__ = ["MODES", "FAST_DECODE", "VARIANTS", "Imm", "Op", "DecodeProgram", "OperandRegisters", "decode_program",
+__all__ = ["MODES", "FAST_DECODE", "VARIANTS", "variants_of", "Imm", "Op", "DecodeProgram", "OperandRegisters", "decode_program",
            "fast_modes", "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half", "cost_table"]
 
 MODES = ("none", "scale", "original", "rescale", "quantized")
@@ -1033,6 +1033,15 @@ def operand_pairs(values, kind: str, out_dtype="float16") -> list:
     return [bits[..., 2 * i] | (bits[..., 2 * i + 1] << np.uint32(shift)) for i in range(v.shape[-1] // 2)]
 
 
+def variants_of(fmt, out_dtype="float16") -> tuple:
+    """The fast-path variants of ``fmt`` -> ``out_dtype`` (names from :data:`VARIANTS`): "shift" always, "marlin"
+    (one shift per word instead of three, two of the four magic subtracts an exact ``fma`` by 1/16) for 4-bit integer
+    codes to float16, whose 0x6400 magic leaves room for a code 4 bits up."""
+    fmt = get_format(fmt)
+    marlin = fmt.bits == 4 and half_name(out_dtype) == "float16" and fmt.kind in ("int", "uint")
+    return VARIANTS if marlin else ("shift",)
+
+
 def decode_program(fmt, out_dtype="float16", mode="none", arch="sm_80", fast=True,
                    variant="shift") -> DecodeProgram:
     """The decode of one 32-bit word of ``fmt`` codes into f16x2 / bf16x2 registers.
@@ -1074,7 +1083,7 @@ def decode_program(fmt, out_dtype="float16", mode="none", arch="sm_80", fast=Tru
             raise ArchError(f"the fast decode of {fmt.name} -> {dtype} needs {table[mode]} or newer "
                             f"({isa.FEATURES['cvt.e4m3x2'].ptx}); target is {a.name}; use fast=False for the "
                             f"reference converter")
-        if variant == "marlin" and (fmt.bits != 4 or dtype != "float16" or fmt.kind not in ("int", "uint")):
+        if variant not in variants_of(fmt, dtype):
             raise UnsupportedConfigError("the marlin variant exists for 4-bit integer formats -> float16 only; "
                                          "valid formats: uint4, int4, int4_ob")
         _build_fast(b, fmt, dtype, mode, a, variant, nreg)
@@ -1088,12 +1097,17 @@ def decode_program(fmt, out_dtype="float16", mode="none", arch="sm_80", fast=Tru
 
 def emit_broadcast_half(dst, src, high: bool = False):
     """Emit ``prmt.b32 dst, src, src, 0x1010`` (or ``0x3232``): the pair {x, x} of src's low (high) 16 bits — how a
-    kernel turns one f16 / bf16 scale or zero (or a zero code) into the s_i / z_i operand pair. One PRMT."""
+    kernel turns one f16 / bf16 scale or zero (or a zero code) into the s_i / z_i operand pair. One PRMT. ``high``:
+    a Python bool, or a boolean PrimExpr (a per-lane choice: the selector is then computed, still one PRMT)."""
     from tvm.script import tirx as T
 
     from ..emitters.builder import emit
 
-    emit(T.ptx.prmt.b32(dst, src, src, T.uint32(0x3232 if high else 0x1010)))
+    if isinstance(high, (bool, int)):
+        sel = T.uint32(0x3232 if high else 0x1010)
+    else:
+        sel = T.Select(high, T.uint32(0x3232), T.uint32(0x1010))
+    emit(T.ptx.prmt.b32(dst, src, src, sel))
 
 
 def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_only=True) -> str:
@@ -1112,10 +1126,7 @@ def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_o
                 for arch in archs:
                     variants = []
                     if mode in fast_modes(name, dtype, arch):
-                        variants.append((True, "shift"))
-                        fmt = get_format(name)
-                        if fmt.bits == 4 and dtype == "float16" and fmt.kind in ("int", "uint"):
-                            variants.append((True, "marlin"))
+                        variants += [(True, v) for v in variants_of(name, dtype)]
                     if not fast_only:
                         variants.append((False, "shift"))
                     for fast, variant in variants:

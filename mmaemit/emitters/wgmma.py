@@ -260,7 +260,10 @@ class WgmmaIntrinEmitter:
         off = lay.start_offset(mn0, k0, *stage)
         if isinstance(off, int):
             return desc[0] + T.uint64(off // 16) if off else desc[0]
-        return desc[0] + T.Cast("uint64", off // 16)
+        # a runtime offset (a ring stage) moves the start address field (bits 0-13) only: a 32-bit add on the low
+        # word (no carry can reach bit 32) instead of a 64-bit one, one uniform instruction instead of three per wgmma
+        lo = T.Cast("uint32", desc[0]) + T.Cast("uint32", off // 16)
+        return ((desc[0] >> T.uint64(32)) << T.uint64(32)) | T.Cast("uint64", lo)
 
     # ---- the instruction -----------------------------------------------------------------------------------
     def mma_async(self, acc, a, b_desc, scale_d=True, *, n_tile=0, scale_a=1, scale_b=1):

@@ -64,7 +64,7 @@ from mmaemit.kernels.dequant_parts import WEIGHT_FORMATS
 from mmaemit.runtime.launch import programmatic_dependent_launch
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
-           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS", "QUAD_REPAIRS"]
+           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS", "QUAD_REPAIRS", "DECODE_VARIANTS"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
 #: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
@@ -75,6 +75,8 @@ HOPPER_FUSED_FORMATS = WEIGHT_FORMATS
 ACTIVATION_BOXES = ("chunk", "stage")
 #: how k_split consumers hand their sums to consumer 0 (``HopperDequantConfig.handover``)
 HANDOVERS = ("parallel", "rounds")
+#: decode program variants (``HopperDequantConfig.decode_variant``): "auto" or one of ``decode.VARIANTS``
+DECODE_VARIANTS = ("auto", "shift", "marlin")
 #: how a lane gets its quad partners' codes (``HopperDequantConfig.quad_repair``)
 QUAD_REPAIRS = ("shuffle", "shared")
 
@@ -128,7 +130,12 @@ class HopperDequantConfig:
     A buffer and chunk j + 1 into another, then issues one ``wgmma.fence``, the 8 wgmmas of both and one commit: half
     the warpgroup synchronisations (a wgmma starts when all four warps of its warpgroup have issued it, so each one
     waits for the slowest warp's decode). With ``in_flight=1`` a pair decodes while the previous pair's wgmmas run
-    (four A buffers, 32 more registers per consumer thread). Needs ``chunks_per_stage=4``."""
+    (four A buffers, 32 more registers per consumer thread). Needs ``chunks_per_stage=4``.
+    ``decode_variant``: the decode program's variant (:data:`DECODE_VARIANTS`): ``"auto"`` takes ``"marlin"`` where it
+    exists (4-bit integer codes to float16: one shift per word instead of three, two of the four magic subtracts an
+    exact ``fma`` by 1/16; :func:`mmaemit.dequant.decode.variants_of`) and ``"shift"`` elsewhere; an explicit variant
+    the format lacks is an error. Same bits either way (H100, 8192^2 int4 fp16: M=48 20.7-21.1 us against 21.5-22.3
+    with "shift"; ``docs/perf-notes.md``, fifteenth session)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -148,6 +155,7 @@ class HopperDequantConfig:
     quad_repair: str = "shuffle"
     lookahead: bool = False
     chunks_per_group: int = 1
+    decode_variant: str = "auto"
 
     @property
     def k_multiple(self) -> int:
@@ -313,7 +321,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
     from mmaemit.dequant.kernel_layout import words_per_chunk
     from mmaemit.kernels.dequant_gemm_wgmma import wgmma_a_order
-    from mmaemit.kernels.dequant_parts import check_scheme, kernel_decode_program, pair_of_column
+    from mmaemit.dequant.decode import variants_of
+    from mmaemit.kernels.dequant_parts import check_scheme, emit_pair_of_column, kernel_decode_program
     from mmaemit.kernels.gemm_hopper import SMEM_LIMIT
     from mmaemit.pipeline import (MbarrierRing, PersistentTileScheduler, TmaTile, WarpgroupRoles, bulk_commit,
                                   bulk_wait)
@@ -474,7 +483,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     # every consumer thread arrives: each reads its words of the stage with ld.shared (not only the async proxy)
     # (k_split: one consumer per stage)
     ring = MbarrierRing(ST, 128 * RG, 1)
-    program = kernel_decode_program(weight_format, dtype, zeros_mode or "scale", arch.name)
+    if cfg.decode_variant not in DECODE_VARIANTS:
+        raise UnsupportedConfigError(f"decode_variant={cfg.decode_variant!r}; valid: {choices(DECODE_VARIANTS)}")
+    variant = cfg.decode_variant
+    if variant == "auto":
+        variant = "marlin" if "marlin" in variants_of(weight_format, dtype) else "shift"
+    program = kernel_decode_program(weight_format, dtype, zeros_mode or "scale", arch.name, variant)
     R = program.registers                 # B-fragment registers per word (16 / bits)
     A_ORDER = wgmma_a_order(dtype)
     # a table-building decode (nf4 with a scale: each row's 16 scaled values, rounded once) builds its operands once
@@ -489,9 +503,11 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     def or_all(values):
         return functools.reduce(operator.or_, values)
 
+    def shifted(word, shift):
+        return word << T.uint32(shift) if shift > 0 else (word >> T.uint32(-shift) if shift < 0 else word)
+
     def moved(word, shift, mask):
-        w = word << T.uint32(shift) if shift > 0 else (word >> T.uint32(-shift) if shift < 0 else word)
-        return w & T.uint32(mask)
+        return shifted(word, shift) & T.uint32(mask)
 
     TB = PLAN.bundle_words
     SHARED_REPAIR = cfg.quad_repair == "shared"
@@ -529,7 +545,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # of k16 step S
         for cp in range(4):
             for b in range(TB):
-                store(y, or_all(moved(wb[off + sw], sh, m) for sw, sh, m in PLAN.build[cp][b]), (4 * b + cp,))
+                terms = PLAN.build[cp][b]
+                if len(terms) == 2 and terms[0][2] ^ terms[1][2] == 0xFFFFFFFF:
+                    # two fields under complementary masks: one lop3 select, (a & m) | (c & ~m)
+                    (s0, h0, m0), (s1, h1, _) = terms
+                    emit(T.ptx["lop3.b32"](y[4 * b + cp], shifted(wb[off + s0], h0), T.uint32(m0),
+                                           shifted(wb[off + s1], h1), T.uint32(0xE2)))
+                else:
+                    store(y, or_all(moved(wb[off + sw], sh, m) for sw, sh, m in terms), (4 * b + cp,))
         for b in range(TB):
             for mk in (2, 1):
                 bit = (q & mk) != 0
@@ -607,7 +630,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # chunk j + 1 into ynext before it decodes, so those shuffles run under this chunk's decode. With
         # chunks_per_group=2 an even chunk only decodes (into af); the odd one decodes and issues both chunks' wgmmas
         # (chunk j - 1's A registers are afo) as one group, and the retire / release logic runs per pair
-        fresh = T.meta_var(not HOIST or j == 0 or SPS > 1 or j * CHUNK % G == 0)
+        fresh = T.meta_var(j == 0 or SPS > 1 or j * CHUNK % G == 0)
         if fresh:
             T.ptx["ld.shared.v2.b32"](sv[0], sv[1], Ss.ptr_to([s, j if SPS > 1 else 0, blk,
                                                                j * CHUNK // G if GPS > 1 else 0, g // 2 * 4]))
@@ -624,11 +647,11 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 wb[w] = T.reinterpret("uint32", Ws[s, blk, j, lane, w])
             repair(wb, 0, y, rr, q)
         if fresh:
-            sp[0] = pair_of_column(sv[0], sv[1], g, 0)
-            sp[1] = pair_of_column(sv[0], sv[1], g, 1)
+            emit_pair_of_column(sp[0], sv[0], sv[1], g, 0)
+            emit_pair_of_column(sp[1], sv[0], sv[1], g, 1)
             if HAS_Z:
-                zp[0] = pair_of_column(sv[2], sv[3], g, 0)
-                zp[1] = pair_of_column(sv[2], sv[3], g, 1)
+                emit_pair_of_column(zp[0], sv[2], sv[3], g, 0)
+                emit_pair_of_column(zp[1], sv[2], sv[3], g, 1)
             if HOIST:
                 build_operands(sp, zp, opr)
         decode_steps(wb, y, af, sp, zp, opr)

@@ -9,7 +9,7 @@ from mmaemit.dequant.kernel_layout import CHUNK, KERNEL_FORMATS
 from mmaemit.errors import TileShapeError, UnsupportedConfigError, choices
 
 __all__ = ["WEIGHT_FORMATS", "ZEROS_FORMATS", "TABLE_FORMATS", "ZEROS_MODES", "kernel_decode_program", "check_scheme",
-           "pair_of_column", "grid_kernel", "symbolic_m"]
+           "pair_of_column", "emit_pair_of_column", "grid_kernel", "symbolic_m"]
 
 WEIGHT_FORMATS = KERNEL_FORMATS      # every per-element format with a per-(n, group) scale: one kernel layout
 ZEROS_FORMATS = tuple(f for f in WEIGHT_FORMATS if get_format(f).kind == "uint")   # zero points: unsigned codes
@@ -55,6 +55,16 @@ def pair_of_column(word0, word1, g, h):
         raise TypeError(f"h must be the Python int 0 or 1 (an n8 half chosen at build time), not {h!r}")
     word = word0 if h == 0 else word1
     return ((word >> T.Cast("uint32", 16 * (g % 2))) & T.uint32(0xFFFF)) * T.uint32(0x10001)
+
+
+def emit_pair_of_column(dst, word0, word1, g, h):
+    """Store :func:`pair_of_column` into the register ``dst`` with one PRMT (the half chosen per lane by ``g`` % 2,
+    :func:`mmaemit.dequant.decode.emit_broadcast_half`) instead of a shift, a mask and a multiply."""
+    from mmaemit.dequant.decode import emit_broadcast_half
+
+    if h not in (0, 1) or not isinstance(h, int):
+        raise TypeError(f"h must be the Python int 0 or 1 (an n8 half chosen at build time), not {h!r}")
+    emit_broadcast_half(dst, word0 if h == 0 else word1, g % 2 == 1)
 
 
 def grid_kernel(body, M, N, K, G, WPC, dtype, z_dtype, ctas, warps):
