@@ -197,6 +197,24 @@ def dequant_hopper_fused():
     return bool(ok)
 
 
+@case
+def dequant_kept_stages():
+    """handover="stage" (fused128's default; fused32's ring with it) on 2 persistent CTAs that walk 4 tiles each: the
+    consumers' sums and the output tile in kept ring stages, the next tile's loads waiting for their release."""
+    import dataclasses
+
+    from mmaemit.kernels.dequant_dispatch import _DEFAULTS, DequantGemm
+
+    tensors, kw, w = _int4_weights(512, 1024)
+    cfgs = {p: dataclasses.replace(_DEFAULTS[p], num_sms=2, handover="stage") for p in ("fused32", "fused128")}
+    dg = DequantGemm(512, 1024, arch="sm_90a", configs=cfgs, **kw)
+    ok = True
+    for path, M in (("fused32", 30), ("fused128", 100), ("fused128", 250)):
+        x = torch.randn(M, 1024, device="cuda").half()
+        ok &= _rel(dg.run_path(path, x, *tensors), x.double() @ w.T) < 3e-3
+    return bool(ok)
+
+
 def _fused_plan(weights, ms):
     """Each (format, dtype, zeros mode) of ``weights`` through the DequantGemm plan at every M of ``ms`` (ragged M on
     each path of the plan), against the float64 product."""

@@ -173,7 +173,7 @@ def test_fused_hopper_errors():
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(in_flight=2), **ok)
     with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
         make_dequant_gemm_hopper(64, 256, 512, config=object(), **ok)
-    with pytest.raises(UnsupportedConfigError, match=r"handover='tree'; valid: 'parallel', 'rounds'"):
+    with pytest.raises(UnsupportedConfigError, match=r"handover='tree'; valid: 'parallel', 'rounds', 'stage'"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(handover="tree"), **ok)
     with pytest.raises(UnsupportedConfigError, match=r"handover='rounds' passes k_split consumers"):
         make_dequant_gemm_hopper(64, 256, 512, config=HopperDequantConfig(handover="rounds"), **ok)
@@ -268,6 +268,47 @@ def test_fused_hopper_handover_in_rounds_on_the_interpreter(M, in_flight, cps):
     assert _rel(C, ref) < _tol(torch.float16)
     par = dataclasses.replace(cfg, handover="parallel")
     assert fused_smem_bytes(par, 4, 128) - fused_smem_bytes(cfg, 4, 128) == 2 * 128 * 16 * 4
+
+
+@pytest.mark.parametrize("fmt, zeros, consumers, cps, M", [("int4", None, 2, 2, 20), ("uint4", "quantized", 4, 2, 20),
+                                                      ("int8", None, 2, 4, 45), ("int4", None, 4, 4, 33)])
+def test_fused_hopper_handover_in_kept_stages_is_bit_identical(fmt, zeros, consumers, cps, M):
+    """handover="stage": each consumer c > 0 keeps its last ring stage of a tile and writes its fp32 sums over the
+    stage's activation bytes; consumer 0 adds them, stages the output tile in consumer 1's stage and releases the kept
+    stages after the store read it. The bits of "parallel" (its own slots) on the same ring, on a persistent CTA
+    that walks both N tiles (so the next tile's loads wait for the kept stages), 2 and 4 consumers, 2 / 4 chunks per
+    stage, zero points, 8-bit words; no shared memory beyond the stages. One-chunk stages (the sums would not fit) and
+    in_flight=0 are refused."""
+    from mmaemit.kernels.dequant_gemm_hopper import fused_smem_bytes
+
+    regs = dict(consumer_regs=112, producer_regs=24) if consumers == 4 else {}
+    K = 64 * cps * consumers * 2
+    g = torch.Generator().manual_seed(M + cps)
+    qw = D.quantize(torch.randn(128, K, generator=g).half(), D.QuantScheme(fmt, 128, zeros))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(M, K, generator=g).half()
+    outs = []
+    cfgs = [HopperDequantConfig(block_m=32, consumers=consumers, stages=2 * consumers,
+                                k_split=True, chunks_per_stage=cps, num_sms=1, handover=h, **regs)
+            for h in ("parallel", "stage")]
+    for cfg in cfgs:
+        func, _ = make_dequant_gemm_hopper(None, 128, K, config=cfg, **kw)
+        C = torch.full((M, 128), float("nan"), dtype=torch.float16)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    ref = A.double() @ qw.dequantize().double().T
+    assert not torch.isnan(outs[0]).any() and _rel(outs[0], ref) < 3e-3
+    assert torch.equal(outs[0], outs[1])
+    bits = D.get_format(fmt).bits
+    nacc = cfgs[0].block_m // 2
+    assert (fused_smem_bytes(cfgs[0], bits, 128, zeros is not None) - fused_smem_bytes(cfgs[1], bits, 128, zeros is not None)
+            == (consumers - 1) * 128 * nacc * 4)
+    with pytest.raises(UnsupportedConfigError, match="handover='stage' writes a consumer's fp32 sums"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=dataclasses.replace(cfgs[1], chunks_per_stage=1))
+    with pytest.raises(UnsupportedConfigError, match="handover='stage' writes a consumer's fp32 sums"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=dataclasses.replace(cfgs[1], in_flight=0))
+    with pytest.raises(UnsupportedConfigError, match="handover='stage' passes k_split consumers"):
+        make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(handover="stage"))
 
 
 @pytest.mark.parametrize("sms, prefetch", [(1, None), (3, 0), (3, 9)])

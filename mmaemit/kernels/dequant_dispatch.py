@@ -20,7 +20,8 @@ path            M range (defaults)    kernel
 ``fused48``     33 .. 48              the same, 48 activation rows, two consumers, 6 stages
 ``fused64``     49 .. 64              the same, 64 activation rows, 4 stages, one chunk per wgmma group
 ``fused96``     65 .. 96              the same, 96 activation rows, 6 stages of 2 chunks
-``fused128``    97 .. 128             the same, 128 activation rows, 8 stages of one chunk
+``fused128``    97 .. 128             the same, 128 activation rows, 6 stages of 2 chunks, the sums handed over in
+                                      the consumers' kept last stages (``handover="stage"``)
 ``fused160``    129 .. 160            160 x 64 tiles, two consumers splitting K, 8 stages of one chunk, where N / 64
                                       tiles fit one wave (:func:`fused160_config`), else 160 x 128 tiles, two
                                       consumer warpgroups, 5 stages of one chunk
@@ -235,15 +236,19 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused32": HopperDequantConfig(block_m=32, consumers=4, stages=8, k_split=True, chunks_per_stage=4,
                                             consumer_regs=112, producer_regs=24, chunks_per_group=2),
              # k_split rings hold a multiple of their consumers' stages (HopperDequantConfig.stage_step): fused48 has
-             # 6 (5 before: 21.8-22.8 us against 21.7-21.9 at M=48), fused128 8 stages of one chunk (2 x 5 before:
-             # 36.9-42.0 against 34.8-36.0 at M=128, 140.9-142.1 against 132.6-135.9 at 28672 x 8192; 2 x 4
-             # 38.2-39.3), fused224 4 (53.2-53.7 against 53.6-54.6); H100, docs/perf-notes.md, fourteenth session
+             # 6 (5 before: 21.8-22.8 us against 21.7-21.9 at M=48), fused224 4 (53.2-53.7 against 53.6-54.6); H100,
+             # docs/perf-notes.md, fourteenth session
              "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=6, k_split=True, chunks_per_stage=4,
                                             chunks_per_group=2),
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
                                             lookahead=True),
-             "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=8, k_split=True, chunks_per_stage=1),
+             # fused128: 6 stages of 2 chunks, the sums handed over in the kept last stages (handover="stage": the
+             # 32 KB slot went to ring stages; 8 one-chunk stages before, 2 x 5 is unsafe): H100 8192^2 M=128
+             # 32.4-34.2 us against 36.9-41.5, M=100 37.7-38.1 against 41.0, 28672 x 8192 M=128 121-133 against
+             # 138-146 (docs/perf-notes.md, fifteenth session)
+             "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
+                                             handover="stage"),
              "fused160": HopperDequantConfig(block_m=160, consumers=2, stages=5),
              # one wave of 64-row tiles (ONE_WAVE_PATHS): in_flight=0 measured faster at 224 and 256 rows (each
              # consumer otherwise holds a stage while it waits for its next) and within the spread at 192
@@ -261,8 +266,10 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
 
 
 def _ring(cps, stages, **kw) -> dict:
-    # two chunks per wgmma group pair a stage's 4 chunks: rings of fewer chunks per stage take one per group
-    return dict(chunks_per_stage=cps, stages=stages, **({} if cps == 4 else {"chunks_per_group": 1}), **kw)
+    # two chunks per wgmma group pair a stage's 4 chunks: rings of fewer chunks per stage take one per group; the
+    # sums of one-chunk stages do not fit a kept stage (handover="stage"): they take their own slots
+    return dict(chunks_per_stage=cps, stages=stages, **({} if cps == 4 else {"chunks_per_group": 1}),
+                **({"handover": "parallel"} if cps == 1 else {}), **kw)
 
 
 #: fused32's two-consumer shape (the 4-consumer default needs K a multiple of 1024 and 4-bit or narrower weights)

@@ -27,7 +27,8 @@ Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`
   epilogue's accumulator reads above it); ``in_flight=0``: ``wait_group 0`` in the same chunk. Every consumer thread
   arrives on the empty barrier (the words are read with ``ld.shared``, not only by the async proxy); with
   ``k_split`` the 2 or 4 consumers share one 64-row group, deal the chunks round robin and add their sums through
-  shared memory before the store;
+  shared memory before the store (their own slots, or with ``handover="stage"`` the ring stages of their last units,
+  kept past the K loop and released by consumer 0 after the store);
 * epilogue per 64-row group: accumulators -> transposed staging tile [block_m, 64] -> one TMA box store (rows >= M
   are clipped by TMA bounds).
 
@@ -74,7 +75,7 @@ HOPPER_FUSED_FORMATS = WEIGHT_FORMATS
 #: how a ring stage's activations travel (``HopperDequantConfig.activation_boxes``)
 ACTIVATION_BOXES = ("chunk", "stage")
 #: how k_split consumers hand their sums to consumer 0 (``HopperDequantConfig.handover``)
-HANDOVERS = ("parallel", "rounds")
+HANDOVERS = ("parallel", "rounds", "stage")
 #: decode program variants (``HopperDequantConfig.decode_variant``): "auto" or one of ``decode.VARIANTS``
 DECODE_VARIANTS = ("auto", "shift", "marlin")
 #: how a lane gets its quad partners' codes (``HopperDequantConfig.quad_repair``)
@@ -107,7 +108,11 @@ class HopperDequantConfig:
     ``handover`` (``k_split``): ``"parallel"`` gives each consumer c > 0 its own shared slot of fp32 sums, written at
     once (``consumers - 1`` slots); ``"rounds"`` one slot, written by consumers 1, 2, ... in turn, each added by
     consumer 0 before the next round (``consumers - 1`` barrier rounds): with 4 consumers two slots less shared
-    memory for ring stages (measured on the H100: no faster; ``docs/perf-notes.md``, ninth session).
+    memory for ring stages (measured on the H100: no faster; ``docs/perf-notes.md``, ninth session); ``"stage"``
+    no slot at all: each consumer c > 0 keeps its last ring stage of the tile and writes its sums over the stage's
+    activation bytes, consumer 0 adds them, stages its output tile in consumer 1's stage and releases those stages
+    after the store has read it (needs ``chunks_per_stage`` >= 2, so that the sums fit, and ``in_flight=1``): the
+    shared memory of the slots goes to ring stages (``fused128``: 6 stages of 2 chunks instead of 8 of one).
     ``pdl``: programmatic dependent launch (:mod:`mmaemit.runtime.launch`): ``griddepcontrol.launch_dependents`` at
     entry; the producer prefetches into L2 the weight boxes of its first tile's first ``pdl_prefetch`` stages (None:
     ``stages``; 0: none), then the producer threads and every consumer thread execute ``griddepcontrol.wait`` before
@@ -291,15 +296,15 @@ def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int, ze
     """Dynamic shared memory of :func:`make_dequant_gemm_hopper` for ``config`` and ``bits``-bit weights (16-bit
     activations; ``group_size`` the scale group along K, in elements; ``zeros``: with zero points): the ring's stages
     (per chunk a ``block_m`` x 64 activation box, the weight box of the tile's n16 blocks, the scale boxes and as many
-    zero boxes), the output staging tile (or, with ``k_split``, the consumers' hand-over buffer that contains it), the
-    barriers and 2 KB of alignment slack."""
+    zero boxes), the output staging tile (or, with ``k_split``, the consumers' hand-over buffer that contains it; neither
+    with ``handover="stage"``, which uses kept ring stages), the barriers and 2 KB of alignment slack."""
     cfg = config
     rows = cfg.weight_rows
     nb = rows // 16
     sps, gps = scale_boxes(cfg.chunks_per_stage, group_size)
     stage = (cfg.chunks_per_stage * cfg.block_m * CHUNK * 2 + nb * cfg.chunks_per_stage * 128 * bits
              + (2 if zeros else 1) * sps * nb * gps * 32)
-    slots = 1 if cfg.handover == "rounds" else cfg.consumers - 1
+    slots = 1 if cfg.handover == "rounds" else 0 if cfg.handover == "stage" else cfg.consumers - 1
     tail = (slots * 128 * (cfg.block_m // 2) * 4 if cfg.k_split
             else (rows // 64) * cfg.block_m * 64 * 2)
     return cfg.stages * stage + tail + 16 * cfg.stages + 2048
@@ -442,9 +447,15 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         raise UnsupportedConfigError("lookahead=True works on the shuffle repair (it issues a chunk's shuffles "
                                      "early); quad_repair='shared' reads its partners' words in place: use "
                                      "lookahead=False")
-    if cfg.handover == "rounds" and not cfg.k_split:
-        raise UnsupportedConfigError("handover='rounds' passes k_split consumers' sums to consumer 0; without "
-                                     "k_split=True each consumer stores its own rows: use handover='parallel'")
+    if cfg.handover != "parallel" and not cfg.k_split:
+        raise UnsupportedConfigError(f"handover={cfg.handover!r} passes k_split consumers' sums to consumer 0; "
+                                     f"without k_split=True each consumer stores its own rows: use "
+                                     f"handover='parallel'")
+    if cfg.handover == "stage" and (CPS < 2 or cfg.in_flight != 1):
+        raise UnsupportedConfigError(f"handover='stage' writes a consumer's fp32 sums over its last ring stage's "
+                                     f"activations, which hold them from chunks_per_stage=2 on, and keeps that "
+                                     f"stage past the K loop of in_flight=1: chunks_per_stage={CPS}, "
+                                     f"in_flight={cfg.in_flight}; use handover='parallel'")
     XST = cfg.activation_boxes == "stage" and CPS > 1        # one activation box per stage
     if XST:
         # A [M, K] viewed as [K / 64, M, 64]: the box's CPS chunk tiles of BT x 64 land one after another, Xs[s]
@@ -463,8 +474,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     X_BYTES, W_BYTES, S_BYTES = x_map_t.box_bytes, w_map_t.box_bytes, s_map_t.box_bytes
     NACC = BT // 2                        # fp32 accumulators per thread (64 x BT per warpgroup)
     ROUNDS = KS and cfg.handover == "rounds" and NC > 2
+    STAGE_HO = KS and cfg.handover == "stage"
     SLOTS = 1 if ROUNDS else NC - 1           # hand-over slots of 128 x NACC float32 (k_split)
-    RED_BYTES = SLOTS * 128 * NACC * 4 if KS else 0
+    RED_BYTES = 0 if STAGE_HO else SLOTS * 128 * NACC * 4 if KS else 0
     STAGE_BYTES = (1 if XST else CPS) * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     if smem != ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048:
@@ -613,7 +625,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             em.wait_group(0)
             if CPS == 1:
                 ring.consumer_release(it + ST - STEP, pred=u > first)
-            ring.consumer_release(it)
+            # handover="stage": consumers c > 0 (first = c) keep their last stage for their sums
+            ring.consumer_release(it, pred=(first < 1) if STAGE_HO else None)
         else:
             em.wait_group(1)                   # the previous group retired: its A buffers are reusable
             if j == CPG - 1:
@@ -687,16 +700,17 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 q, final)
 
     @T.inline
-    def epilogue(Cs, c_map, acc, tm, tn, r, tid):
-        # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m]; r: the 64-row group
-        bulk_wait(0, read=True)                       # the previous tile's store has read Cs[r]
+    def epilogue(Cs, slot, c_map, acc, tm, tn, r, tid):
+        # accumulator i = C^T[weight row m, activation row n]: staged as C rows [n, m] in Cs[slot]; r: the 64-row
+        # group
+        bulk_wait(0, read=True)                       # the previous tile's store has read Cs[slot]
         T.ptx.bar.sync(T.uint32(1 + r), T.uint32(128))
         for i in T.unroll(NACC):
             mn = T.meta_var(em.accumulator_coords(tid, i))
-            Cs[r, mn[1], mn[0]] = T.Cast(dtype, acc[i])
+            Cs[slot, mn[1], mn[0]] = T.Cast(dtype, acc[i])
         T.ptx.fence.proxy.async_.shared__cta()
         T.ptx.bar.sync(T.uint32(1 + r), T.uint32(128))
-        c_map_t.store(c_map, (tm * BT, tn * BW + r * 64), Cs.ptr_to([r, 0, 0]), pred=tid == 0)
+        c_map_t.store(c_map, (tm * BT, tn * BW + r * 64), Cs.ptr_to([slot, 0, 0]), pred=tid == 0)
         bulk_commit()
 
     @T.inline
@@ -710,7 +724,17 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         Ws = pool.alloc((ST, NB, CPS, 32, WPC), "int32", align=w_map_t.smem_alignment)
         Ss = pool.alloc((ST, SPS, NB, GPS, 16), dtype, align=s_map_t.smem_alignment)
         Zs = pool.alloc((ST, SPS, NB, GPS, 16), dtype, align=z_map_t.smem_alignment) if HAS_Z else Ss
-        if KS:
+        if STAGE_HO:
+            # views of the ring's activation bytes: a kept stage's fp32 sums, or the output tile, at its start
+            # (slots of two chunks' activations: NACC x 128 fp32 = BT x 64 x 2 halves; stage s starts at slot
+            # s * CPS / 2, or at output slot s * CPS)
+            RedS = T.decl_buffer((ST * CPS // 2, NACC, 128), "float32", data=Xs.data,
+                                 elem_offset=Xs.elem_offset // 2, scope="shared.dyn")
+            CsS = T.decl_buffer((ST * CPS, BT, 64), dtype, data=Xs.data, elem_offset=Xs.elem_offset,
+                                scope="shared.dyn")
+            Cs = CsS
+            Red = RedS
+        elif KS:
             # the sums of consumers 1 .. NC - 1; the output staging tile Cs shares their bytes
             Red = pool.alloc((SLOTS, NACC, 128), "float32", align=max(128, c_map_t.smem_alignment))
             Cs = T.decl_buffer((RG, BT, 64), dtype, data=Red.data, elem_offset=Red.elem_offset * 2,  # 4 / 2 bytes
@@ -822,7 +846,25 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
                              first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
-                if KS:
+                if STAGE_HO:
+                    # consumer c > 0 writes its sums over its last unit's stage (kept, its wgmmas retired), consumer 0
+                    # adds them, stages C in consumer 1's stage and releases the kept stages once the store read it
+                    if c > 0:
+                        for i in T.unroll(NACC):
+                            RedS[ring.stage(t * KU + c + STEP * (KC - 1)) * (CPS // 2), i, tid] = acc[i]
+                    T.ptx.bar.sync(T.uint32(4), T.uint32(128 * NC))
+                    if c == 0:
+                        for i in T.unroll(NACC):
+                            for o in T.unroll(NC - 1):
+                                acc[i] = acc[i] + RedS[ring.stage(t * KU + o + 1 + STEP * (KC - 1)) * (CPS // 2), i, tid]
+                        for o in T.unroll(NC - 2):
+                            ring.consumer_release(t * KU + o + 2 + STEP * (KC - 1))
+                        s1 = T.meta_var(ring.stage(t * KU + 1 + STEP * (KC - 1)))
+                        epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
+                        if tid == 0:
+                            bulk_wait(0, read=True)          # the store has read C out of consumer 1's stage
+                        ring.consumer_release(t * KU + 1 + STEP * (KC - 1))
+                elif KS:
                     # consumers 1 .. NC - 1 hand their sums to consumer 0 (thread for thread: the same accumulator
                     # layout); the first barrier also keeps them from overwriting Red before consumer 0 read the last
                     # tile's
@@ -841,7 +883,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                 for i in T.unroll(NACC):
                                     acc[i] = acc[i] + Red[0, i, tid]
                         if c == 0:
-                            epilogue(Cs, c_map, acc, tm, tn, 0, tid)
+                            epilogue(Cs, 0, c_map, acc, tm, tn, 0, tid)
                     else:
                         T.ptx.bar.sync(T.uint32(3), T.uint32(128 * NC))
                         if c > 0:
@@ -852,9 +894,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                             for i in T.unroll(NACC):
                                 for o in T.unroll(NC - 1):
                                     acc[i] = acc[i] + Red[o, i, tid]
-                            epilogue(Cs, c_map, acc, tm, tn, 0, tid)
+                            epilogue(Cs, 0, c_map, acc, tm, tn, 0, tid)
                 else:
-                    epilogue(Cs, c_map, acc, tm, tn, c, tid)
+                    epilogue(Cs, c, c_map, acc, tm, tn, c, tid)
             bulk_wait(0, read=False)
 
     if HAS_Z:
