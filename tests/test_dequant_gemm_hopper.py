@@ -311,6 +311,39 @@ def test_fused_hopper_handover_in_kept_stages_is_bit_identical(fmt, zeros, consu
         make_dequant_gemm_hopper(None, 128, 1024, config=HopperDequantConfig(handover="stage"))
 
 
+@pytest.mark.parametrize("M, sym, cfg", [
+    (13, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, activation_boxes="chunk")),
+    (20, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, activation_boxes="chunk",
+                    handover="stage")),
+    (41, True, dict(block_m=48, consumers=2, stages=3, chunks_per_stage=1)),       # two 64-row groups, no k_split
+    (50, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=1)),   # M > block_m: full boxes
+    (9, False, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=1, in_flight=0))])
+def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
+    """fit_rows=True: with M <= block_m the activation boxes carry roundup(M, 8) rows (encoded per launch, the
+    barrier armed for those bytes) and the tile rows past them are zeroed once per CTA instead of zero-filled by TMA
+    every stage. The bits of the full boxes: symbolic and static M, k_split and not, the kept-stage handover (which
+    later writes over those rows), and M past block_m (full boxes). A stage box (chunks land at box height) is
+    refused."""
+    K = 512
+    g = torch.Generator().manual_seed(M)
+    qw = D.quantize(torch.randn(128, K, generator=g).half(), D.QuantScheme("int4", 128))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(M, K, generator=g).half()
+    outs = []
+    for fit in (False, True):
+        c = HopperDequantConfig(num_sms=1, fit_rows=fit, **cfg)
+        func, _ = make_dequant_gemm_hopper(None if sym else M, 128, K, config=c, **kw)
+        C = torch.full((M, 128), float("nan"), dtype=torch.float16)
+        assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+        outs.append(C)
+    assert not torch.isnan(outs[0]).any() and _rel(outs[0], A.double() @ qw.dequantize().double().T) < 3e-3
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(UnsupportedConfigError, match="fit_rows=True shortens each chunk's activation box"):
+        make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=True, chunks_per_stage=2))
+    with pytest.raises(UnsupportedConfigError, match="fit_rows=1; valid: True, False"):
+        make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=1))
+
+
 @pytest.mark.parametrize("sms, prefetch", [(1, None), (3, 0), (3, 9)])
 def test_fused_hopper_pdl_is_bit_identical(sms, prefetch):
     """pdl (default): griddepcontrol at entry, the producer's L2 prefetch of its first tile's weight boxes (None:

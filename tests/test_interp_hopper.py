@@ -446,6 +446,17 @@ def test_tma_tile_view_strides_are_checked():
     with pytest.raises(Exception, match=r"this tensor map describes \[3, m, 64\] float16"):
         kernel(160)
 
+    def short_box(box):
+        @T.prim_func
+        def f(A: T.Buffer((m, 192), "float16")):
+            view.encode(A, box=box)
+            T.device_entry()
+            T.evaluate(0)
+        return f
+    short_box((2, T.min(32, (m + 7) // 8 * 8), 64))           # a per-launch box (fit_rows), at most the built one
+    with pytest.raises(Exception, match=r"one extent per dimension in 1 .. the built box \(2, 32, 64\)"):
+        short_box((2, 40, 64))
+
 
 def test_tma_prefetch_is_checked_and_leaves_memory_alone():
     """``TmaTile.prefetch`` (an L2 hint): compiles to UTMAPF, runs on the interpreter without changing any result

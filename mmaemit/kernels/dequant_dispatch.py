@@ -179,7 +179,8 @@ def gemv16_config(N, K, sms=None) -> GemvConfig:
 
 #: ``fused160``'s config where its 64-row tiles fit one wave (:func:`fused160_config`): 160 activation rows x 64
 #: weight rows, two consumers splitting K
-FUSED160_ONE_WAVE = HopperDequantConfig(block_m=160, consumers=2, stages=8, k_split=True, chunks_per_stage=1)
+FUSED160_ONE_WAVE = HopperDequantConfig(block_m=160, consumers=2, stages=8, k_split=True, chunks_per_stage=1,
+                                        fit_rows=True)
 
 
 def one_wave_fits(N, K, sms=None) -> bool:
@@ -241,23 +242,28 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=6, k_split=True, chunks_per_stage=4,
                                             chunks_per_group=2),
              "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
+             # fit_rows (from fused96 up): activation boxes of roundup(M, 8) rows, not the tile's; TMA's zero fill
+             # of the rows past M cost ~25-40 % where a quarter or more of a tall tile's rows lie past M (H100 8192^2,
+             # default / fit: fused96 M=65 36.9-37.0 / 26.1-27.5 us, fused128 M=97 41.4-41.5 / 29.8-33.2, fused160
+             # M=129 44.9-45.1 / 35.1-40.3, fused224 M=193 56.2-56.3 / 49.8-51.0; the same at full tiles and fused64;
+             # docs/perf-notes.md, fifteenth session); one box per chunk (a stage box lands its chunks at box height)
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
-                                            lookahead=True),
+                                            lookahead=True, fit_rows=True, activation_boxes="chunk"),
              # fused128: 6 stages of 2 chunks, the sums handed over in the kept last stages (handover="stage": the
              # 32 KB slot went to ring stages; 8 one-chunk stages before, 2 x 5 is unsafe): H100 8192^2 M=128
              # 32.4-34.2 us against 36.9-41.5, M=100 37.7-38.1 against 41.0, 28672 x 8192 M=128 121-133 against
              # 138-146 (docs/perf-notes.md, fifteenth session)
              "fused128": HopperDequantConfig(block_m=128, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
-                                             handover="stage"),
-             "fused160": HopperDequantConfig(block_m=160, consumers=2, stages=5),
+                                             handover="stage", fit_rows=True, activation_boxes="chunk"),
+             "fused160": HopperDequantConfig(block_m=160, consumers=2, stages=5, fit_rows=True),
              # one wave of 64-row tiles (ONE_WAVE_PATHS): in_flight=0 measured faster at 224 and 256 rows (each
              # consumer otherwise holds a stage while it waits for its next) and within the spread at 192
              "fused192": HopperDequantConfig(block_m=192, consumers=2, stages=6, k_split=True, chunks_per_stage=1,
-                                             in_flight=0),
+                                             in_flight=0, fit_rows=True),
              "fused224": HopperDequantConfig(block_m=224, consumers=2, stages=4, k_split=True, chunks_per_stage=1,
-                                             in_flight=0),
+                                             in_flight=0, fit_rows=True),
              "fused256k": HopperDequantConfig(block_m=256, consumers=2, stages=4, k_split=True, chunks_per_stage=1,
-                                              in_flight=0),
+                                              in_flight=0, fit_rows=True),
              "fused128x2": HopperDequantConfig(block_m=128, consumers=2, stages=4, chunks_per_stage=2),
              # panels of 4 tile rows: a wave of 132 tiles then reads 4 activation panels (4 MB each at K=8192) and
              # ~33 weight panels (~0.5 MB) instead of 16 and ~8 (64 MB, past the 50 MB L2); on the H100 2-6 % faster

@@ -139,7 +139,10 @@ class HopperDequantConfig:
     ``decode_variant``: the decode program's variant (:data:`DECODE_VARIANTS`): ``"auto"`` takes ``"marlin"`` where it
     exists (4-bit integer codes to float16: one shift per word instead of three, two of the four magic subtracts an
     exact ``fma`` by 1/16; :func:`mmaemit.dequant.decode.variants_of`) and ``"shift"`` elsewhere; an explicit variant
-    the format lacks is an error. Same bits either way (H100, 8192^2 int4 fp16: M=48 20.7-21.1 us against 21.5-22.3
+    the format lacks is an error. ``fit_rows`` (with ``activation_boxes="chunk"``): when M <= ``block_m`` the
+    activation boxes carry roundup(M, 8) rows instead of ``block_m`` (the map is encoded per launch), so TMA does not
+    zero-fill the rows past M every stage; the tile's rows past the box keep stale shared memory, which only feeds
+    output rows the store clips. Same bits either way (H100, 8192^2 int4 fp16: M=48 20.7-21.1 us against 21.5-22.3
     with "shift"; ``docs/perf-notes.md``, fifteenth session)."""
 
     block_m: int = 128
@@ -161,6 +164,7 @@ class HopperDequantConfig:
     lookahead: bool = False
     chunks_per_group: int = 1
     decode_variant: str = "auto"
+    fit_rows: bool = False
 
     @property
     def k_multiple(self) -> int:
@@ -457,6 +461,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                      f"stage past the K loop of in_flight=1: chunks_per_stage={CPS}, "
                                      f"in_flight={cfg.in_flight}; use handover='parallel'")
     XST = cfg.activation_boxes == "stage" and CPS > 1        # one activation box per stage
+    FIT = cfg.fit_rows
+    if not isinstance(FIT, bool):
+        raise UnsupportedConfigError(f"fit_rows={FIT!r}; valid: True, False")
+    if FIT and XST:
+        raise UnsupportedConfigError("fit_rows=True shortens each chunk's activation box, and a stage box lands its "
+                                     "chunks one after another at the box's height: use activation_boxes='chunk'")
     if XST:
         # A [M, K] viewed as [K / 64, M, 64]: the box's CPS chunk tiles of BT x 64 land one after another, Xs[s]
         x_map_t = TmaTile.for_layout((KT, M, CHUNK), em.shared_layout("B"), box_outer=(CPS,), strides=(CHUNK, K, 1))
@@ -478,6 +488,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     SLOTS = 1 if ROUNDS else NC - 1           # hand-over slots of 128 x NACC float32 (k_split)
     RED_BYTES = 0 if STAGE_HO else SLOTS * 128 * NACC * 4 if KS else 0
     STAGE_BYTES = (1 if XST else CPS) * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
+
+    NT = 128 * roles.warpgroups                  # threads per CTA
+
+    def x_rows():
+        # rows of an activation box: the tile's, or with fit_rows those up to M rounded up to 8 (M <= block_m)
+        return T.min(T.int32(BT), (M + 7) // 8 * 8) if FIT else BT
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     if smem != ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048:
         raise AssertionError("fused_smem_bytes disagrees with the kernel's boxes")
@@ -747,6 +763,18 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         if PDL:
             T.ptx.griddepcontrol.launch_dependents()
         ring.init(T.And(wg == 0, tid == 0))
+        if FIT:
+            # the tile rows past a short activation box are never loaded: zero them once (the wgmmas read them; their
+            # sums land in output rows the store clips), before the async proxy reads the stages
+            if x_rows() < BT:
+                pieces = T.meta_var((BT - x_rows()) * 8)           # 16-byte pieces per chunk slot past the box
+                for i in T.serial((ST * CPS * pieces + NT - 1) // NT):
+                    idx = T.meta_var(i * NT + wg * 128 + tid)
+                    if idx < ST * CPS * pieces:
+                        for e in T.unroll(8):
+                            Xs[idx // pieces // CPS, idx // pieces % CPS, x_rows() + idx % pieces // 8,
+                               idx % 8 * 8 + e] = T.Cast(dtype, 0)
+                T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
         if wg == 0:
             roles.producer_setup()
@@ -770,7 +798,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         s = T.meta_var(ring.stage(it))
                         if it % NP == p:
                             ring.producer_acquire(it)
-                            ring.producer_expect(it, STAGE_BYTES)
+                            ring.producer_expect(it, STAGE_BYTES - CPS * (BT - x_rows()) * CHUNK * 2 if FIT
+                                                 else STAGE_BYTES)
                             if XST:
                                 x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), x_map, (u * CPS, tm * BT, 0),
                                              ring.full_ptr(it))
@@ -852,6 +881,10 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     if c > 0:
                         for i in T.unroll(NACC):
                             RedS[ring.stage(t * KU + c + STEP * (KC - 1)) * (CPS // 2), i, tid] = acc[i]
+                        if FIT:
+                            # the rows past a short box are not rewritten by the stage's later loads: the wgmmas
+                            # (async proxy) read these generic writes there
+                            T.ptx.fence.proxy.async_.shared__cta()
                     T.ptx.bar.sync(T.uint32(4), T.uint32(128 * NC))
                     if c == 0:
                         for i in T.unroll(NACC):
@@ -904,7 +937,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
                  C: T.Buffer((M, N), dtype)):
-            x_map = x_map_t.encode(A)
+            x_map = x_map_t.encode(A, box=(x_rows(), CHUNK) if FIT else None)
             w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
             s_map = s_map_t.encode(T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data))
             z_map = z_map_t.encode(T.decl_buffer((N // 16, K // G, 16), dtype, data=Z.data))
@@ -915,7 +948,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         @T.prim_func
         def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
-            x_map = x_map_t.encode(A)
+            x_map = x_map_t.encode(A, box=(x_rows(), CHUNK) if FIT else None)
             w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
             S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
             s_map = s_map_t.encode(S16)

@@ -219,10 +219,13 @@ class TmaTile:
             raise UnsupportedConfigError(f"multicast={self.multicast}: a cluster has 1..16 CTAs")
 
     # -- code -----------------------------------------------------------------------------------------------------
-    def encode(self, buffer):
+    def encode(self, buffer, *, box=None):
         """Host code (before ``T.device_entry()``): bind a ``CUtensorMap`` for ``buffer`` and return it.
 
         ``buffer`` must be the kernel parameter the map reads or writes, with this map's ``global_shape`` and dtype.
+        ``box``: extents (outermost first) to encode instead of :attr:`box`, each at most the built one and
+        possibly a host expression (e.g. of a symbolic M); a load then moves and completes that many bytes, not
+        :attr:`box_bytes`, and lands them at the same shared-memory rows (the caller arms its barrier accordingly).
         """
         from tvm.script import tirx as T
         from tvm.tirx.script.builder import ir as IRB
@@ -238,10 +241,16 @@ class TmaTile:
             view = "" if self.strides is None else f" (a view with element strides {list(self.strides)})"
             raise TileShapeError(f"buffer {buffer.name} is {shape} {buffer.dtype}; this tensor map describes "
                                  f"{list(self.global_shape)} {self.dtype}{view}")
-        tmap = IRB.Bind(T.tvm_stack_alloca("tensormap", 1), T.TensorMap)
         r = self.rank
+        if box is None:
+            box = self.box
+        else:
+            box = tuple(box)
+            if len(box) != r or any(not _symbolic(b) and not 1 <= int(b) <= a for b, a in zip(box, self.box)):
+                raise TileShapeError(f"box {box}: one extent per dimension in 1 .. the built box {self.box}")
+        tmap = IRB.Bind(T.tvm_stack_alloca("tensormap", 1), T.TensorMap)
         IRB.add_to_parent(IRB.evaluate(T.tensormap_encode_tiled(
-            tmap, buffer.data, *reversed(self.global_shape), *self.byte_strides(), *reversed(self.box), *([1] * r),
+            tmap, buffer.data, *reversed(self.global_shape), *self.byte_strides(), *reversed(box), *([1] * r),
             descriptor_dtype=self.dtype, rank=r, interleave=0, swizzle=SWIZZLE_MODES[self.swizzle_bytes],
             l2_promotion=L2_PROMOTIONS[self.l2_promotion], oob_fill=OOB_FILLS[self.oob_fill])))
         return tmap
