@@ -139,11 +139,13 @@ class HopperDequantConfig:
     ``decode_variant``: the decode program's variant (:data:`DECODE_VARIANTS`): ``"auto"`` takes ``"marlin"`` where it
     exists (4-bit integer codes to float16: one shift per word instead of three, two of the four magic subtracts an
     exact ``fma`` by 1/16; :func:`mmaemit.dequant.decode.variants_of`) and ``"shift"`` elsewhere; an explicit variant
-    the format lacks is an error. ``fit_rows`` (with ``activation_boxes="chunk"``): when M <= ``block_m`` the
-    activation boxes carry roundup(M, 8) rows instead of ``block_m`` (the map is encoded per launch), so TMA does not
-    zero-fill the rows past M every stage; the tile's rows past the box keep stale shared memory, which only feeds
-    output rows the store clips. Same bits either way (H100, 8192^2 int4 fp16: M=48 20.7-21.1 us against 21.5-22.3
-    with "shift"; ``docs/perf-notes.md``, fifteenth session)."""
+    the format lacks is an error; the same bits either way (H100, 8192^2 int4 fp16: M=48 20.7-21.1 us against
+    21.5-22.3 with "shift"; ``docs/perf-notes.md``, fifteenth session).
+    ``fit_rows`` (with ``activation_boxes="chunk"``): when M <= ``block_m`` the activation boxes carry roundup(M, 8)
+    rows instead of ``block_m`` (the map is encoded per launch), so TMA does not zero-fill the rows past M every
+    stage; the tile rows past the box are zeroed once per CTA (later hand-over writes may leave other values there,
+    which only feed output rows the store clips). The same bits; H100, 8192^2 int4 fp16: fused128 at M=97 29.8-33.2
+    us against 41.4-41.5 (``docs/perf-notes.md``, fifteenth session)."""
 
     block_m: int = 128
     consumers: int = 2
