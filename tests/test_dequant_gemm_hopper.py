@@ -301,7 +301,8 @@ def test_fused_hopper_handover_in_kept_stages_is_bit_identical(fmt, zeros, consu
     assert torch.equal(outs[0], outs[1])
     bits = D.get_format(fmt).bits
     nacc = cfgs[0].block_m // 2
-    assert (fused_smem_bytes(cfgs[0], bits, 128, zeros is not None) - fused_smem_bytes(cfgs[1], bits, 128, zeros is not None)
+    z = zeros is not None
+    assert (fused_smem_bytes(cfgs[0], bits, 128, z) - fused_smem_bytes(cfgs[1], bits, 128, z)
             == (consumers - 1) * 128 * nacc * 4)
     with pytest.raises(UnsupportedConfigError, match="handover='stage' writes a consumer's fp32 sums"):
         make_dequant_gemm_hopper(None, 128, 1024, config=dataclasses.replace(cfgs[1], chunks_per_stage=1))

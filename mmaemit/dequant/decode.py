@@ -97,12 +97,13 @@ from ..arch import as_arch
 from ..errors import ArgumentError, UnsupportedConfigError, choices
 from . import regops as R
 from .fastdecode_reference import FAST_PATHS, MAGIC, NEG_MAGIC
-from .formats import NF4_TABLE, Format, get_format
+from .formats import FORMATS, NF4_TABLE, Format, get_format
 from .interleave import bit_positions
 from .rounding import half_name
 
-__all__ = ["MODES", "FAST_DECODE", "VARIANTS", "variants_of", "Imm", "Op", "DecodeProgram", "OperandRegisters", "decode_program",
-           "fast_modes", "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half", "cost_table"]
+__all__ = ["MODES", "FAST_DECODE", "VARIANTS", "variants_of", "Imm", "Op", "DecodeProgram", "OperandRegisters",
+           "decode_program", "fast_modes", "valid_modes", "mode_of", "operand_pairs", "SASS_CLASS", "emit_broadcast_half",
+           "cost_table"]
 
 MODES = ("none", "scale", "original", "rescale", "quantized")
 VARIANTS = ("shift", "marlin")
@@ -1084,8 +1085,8 @@ def decode_program(fmt, out_dtype="float16", mode="none", arch="sm_80", fast=Tru
                             f"({isa.FEATURES['cvt.e4m3x2'].ptx}); target is {a.name}; use fast=False for the "
                             f"reference converter")
         if variant not in variants_of(fmt, dtype):
-            raise UnsupportedConfigError("the marlin variant exists for 4-bit integer formats -> float16 only; "
-                                         "valid formats: uint4, int4, int4_ob")
+            raise UnsupportedConfigError(f"the {variant} variant exists for 4-bit integer formats -> float16 only; "
+                                         f"valid formats: {', '.join(f for f in FORMATS if variant in variants_of(f))}")
         _build_fast(b, fmt, dtype, mode, a, variant, nreg)
     else:
         variant = "shift"
@@ -1116,7 +1117,6 @@ def cost_table(archs=("sm_80", "sm_90a"), dtypes=("float16", "bfloat16"), fast_o
     operand-stage ops of one word with every pair distinct, and in brackets those of one distinct pair (what
     ``emit_operands`` issues per scale group when all registers share it; nf4 "scale": one table build), both
     without the free ``mov.b32`` unpack."""
-    from .formats import FORMATS
 
     rows = ["| format | out | mode | arch | path | LOP3 | PRMT | SHIFT | HALF2 | F2FP | other | per 8 weights |"
             " operand ops |", "|" + "---|" * 13]

@@ -65,7 +65,8 @@ from mmaemit.kernels.dequant_parts import WEIGHT_FORMATS
 from mmaemit.runtime.launch import programmatic_dependent_launch
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
-           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS", "QUAD_REPAIRS", "DECODE_VARIANTS"]
+           "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS", "QUAD_REPAIRS",
+           "DECODE_VARIANTS"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
 #: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
@@ -302,8 +303,8 @@ def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int, ze
     """Dynamic shared memory of :func:`make_dequant_gemm_hopper` for ``config`` and ``bits``-bit weights (16-bit
     activations; ``group_size`` the scale group along K, in elements; ``zeros``: with zero points): the ring's stages
     (per chunk a ``block_m`` x 64 activation box, the weight box of the tile's n16 blocks, the scale boxes and as many
-    zero boxes), the output staging tile (or, with ``k_split``, the consumers' hand-over buffer that contains it; neither
-    with ``handover="stage"``, which uses kept ring stages), the barriers and 2 KB of alignment slack."""
+    zero boxes), the output staging tile (or, with ``k_split``, the consumers' hand-over buffer that contains it;
+    neither with ``handover="stage"``, which uses kept ring stages), the barriers and 2 KB of alignment slack."""
     cfg = config
     rows = cfg.weight_rows
     nb = rows // 16
@@ -491,7 +492,10 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     RED_BYTES = 0 if STAGE_HO else SLOTS * 128 * NACC * 4 if KS else 0
     STAGE_BYTES = (1 if XST else CPS) * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
 
-    NT = 128 * roles.warpgroups                  # threads per CTA
+    def last_unit(t, o):
+        # k_split consumer o's last unit of tile t (its first is o, then every STEP-th): the stage it keeps with
+        # handover="stage"
+        return t * KU + o + STEP * (KC - 1)
 
     def x_rows():
         # rows of an activation box: the tile's, or with fit_rows those up to M rounded up to 8 (M <= block_m)
@@ -750,8 +754,6 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                  elem_offset=Xs.elem_offset // 2, scope="shared.dyn")
             CsS = T.decl_buffer((ST * CPS, BT, 64), dtype, data=Xs.data, elem_offset=Xs.elem_offset,
                                 scope="shared.dyn")
-            Cs = CsS
-            Red = RedS
         elif KS:
             # the sums of consumers 1 .. NC - 1; the output staging tile Cs shares their bytes
             Red = pool.alloc((SLOTS, NACC, 128), "float32", align=max(128, c_map_t.smem_alignment))
@@ -770,8 +772,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             # sums land in output rows the store clips), before the async proxy reads the stages
             if x_rows() < BT:
                 pieces = T.meta_var((BT - x_rows()) * 8)           # 16-byte pieces per chunk slot past the box
-                for i in T.serial((ST * CPS * pieces + NT - 1) // NT):
-                    idx = T.meta_var(i * NT + wg * 128 + tid)
+                for i in T.serial((ST * CPS * pieces + roles.threads - 1) // roles.threads):
+                    idx = T.meta_var(i * roles.threads + wg * 128 + tid)
                     if idx < ST * CPS * pieces:
                         for e in T.unroll(8):
                             Xs[idx // pieces // CPS, idx // pieces % CPS, x_rows() + idx % pieces // 8,
@@ -882,7 +884,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     # adds them, stages C in consumer 1's stage and releases the kept stages once the store read it
                     if c > 0:
                         for i in T.unroll(NACC):
-                            RedS[ring.stage(t * KU + c + STEP * (KC - 1)) * (CPS // 2), i, tid] = acc[i]
+                            RedS[ring.stage(last_unit(t, c)) * (CPS // 2), i, tid] = acc[i]
                         if FIT:
                             # the rows past a short box are not rewritten by the stage's later loads: the wgmmas
                             # (async proxy) read these generic writes there
@@ -891,14 +893,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     if c == 0:
                         for i in T.unroll(NACC):
                             for o in T.unroll(NC - 1):
-                                acc[i] = acc[i] + RedS[ring.stage(t * KU + o + 1 + STEP * (KC - 1)) * (CPS // 2), i, tid]
+                                acc[i] = acc[i] + RedS[ring.stage(last_unit(t, o + 1)) * (CPS // 2), i, tid]
                         for o in T.unroll(NC - 2):
-                            ring.consumer_release(t * KU + o + 2 + STEP * (KC - 1))
-                        s1 = T.meta_var(ring.stage(t * KU + 1 + STEP * (KC - 1)))
+                            ring.consumer_release(last_unit(t, o + 2))
+                        s1 = T.meta_var(ring.stage(last_unit(t, 1)))
                         epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
                         if tid == 0:
                             bulk_wait(0, read=True)          # the store has read C out of consumer 1's stage
-                        ring.consumer_release(t * KU + 1 + STEP * (KC - 1))
+                        ring.consumer_release(last_unit(t, 1))
                 elif KS:
                     # consumers 1 .. NC - 1 hand their sums to consumer 0 (thread for thread: the same accumulator
                     # layout); the first barrier also keeps them from overwriting Red before consumer 0 read the last

@@ -51,10 +51,15 @@ def pair_of_column(word0, word1, g, h):
     ``word0``/``word1`` hold halves (h=0, e=0/1) and (h=1, e=0/1) of ``to_kernel_scales``' [nb, grp, g // 2, :]."""
     from tvm.script import tirx as T
 
+    word = _column_word(word0, word1, h)
+    return ((word >> T.Cast("uint32", 16 * (g % 2))) & T.uint32(0xFFFF)) * T.uint32(0x10001)
+
+
+def _column_word(word0, word1, h):
+    # the word of n8 half h (a build-time choice); the lane's half of it is g % 2
     if h not in (0, 1) or not isinstance(h, int):
         raise TypeError(f"h must be the Python int 0 or 1 (an n8 half chosen at build time), not {h!r}")
-    word = word0 if h == 0 else word1
-    return ((word >> T.Cast("uint32", 16 * (g % 2))) & T.uint32(0xFFFF)) * T.uint32(0x10001)
+    return word0 if h == 0 else word1
 
 
 def emit_pair_of_column(dst, word0, word1, g, h):
@@ -62,9 +67,7 @@ def emit_pair_of_column(dst, word0, word1, g, h):
     :func:`mmaemit.dequant.decode.emit_broadcast_half`) instead of a shift, a mask and a multiply."""
     from mmaemit.dequant.decode import emit_broadcast_half
 
-    if h not in (0, 1) or not isinstance(h, int):
-        raise TypeError(f"h must be the Python int 0 or 1 (an n8 half chosen at build time), not {h!r}")
-    emit_broadcast_half(dst, word0 if h == 0 else word1, g % 2 == 1)
+    emit_broadcast_half(dst, _column_word(word0, word1, h), g % 2 == 1)
 
 
 def grid_kernel(body, M, N, K, G, WPC, dtype, z_dtype, ctas, warps):
