@@ -215,6 +215,27 @@ def dequant_kept_stages():
     return bool(ok)
 
 
+@case
+def dequant_stream_k():
+    """stream_k on 5 persistent CTAs: 512 x 1024 weights give 8 tiles of 64 rows (k_split rings) or 4 of 128 (two
+    consumer groups), so the last wave's stages go out in pieces (fp32 partial sums in the global workspace, the
+    tile's counter, the last piece summing them): fused64 (parallel hand-over), fused128 (kept stages, fit_rows),
+    fused128x2 (no k_split), each launched twice (the counters return to zero)."""
+    import dataclasses
+
+    from mmaemit.kernels.dequant_dispatch import _DEFAULTS, DequantGemm
+
+    tensors, kw, w = _int4_weights(512, 1024)
+    cfgs = {p: dataclasses.replace(_DEFAULTS[p], num_sms=5, stream_k=True) for p in ("fused64", "fused128", "fused128x2")}
+    dg = DequantGemm(512, 1024, arch="sm_90a", configs=cfgs, **kw)
+    ok = True
+    for path, M in (("fused64", 50), ("fused128", 100), ("fused128x2", 300)):
+        x = torch.randn(M, 1024, device="cuda").half()
+        for _ in range(2):
+            ok &= _rel(dg.run_path(path, x, *tensors), x.double() @ w.T) < 3e-3
+    return bool(ok)
+
+
 def _fused_plan(weights, ms):
     """Each (format, dtype, zeros mode) of ``weights`` through the DequantGemm plan at every M of ``ms`` (ragged M on
     each path of the plan), against the float64 product."""

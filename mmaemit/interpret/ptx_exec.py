@@ -524,3 +524,53 @@ def _shfl(kp, ops, mod, site):
     return run
 
 
+
+
+#: atom / red operations on 32-bit integers: new value from (old, operand), on uint32 bit patterns (signed min / max
+#: compare as int32)
+_ATOM_INT_OPS = {
+    "add": lambda o, v, s: (o + v) & 0xFFFFFFFF,
+    "and": lambda o, v, s: o & v, "or": lambda o, v, s: o | v, "xor": lambda o, v, s: o ^ v,
+    "min": lambda o, v, s: (min(o, v, key=lambda x: x - (1 << 32) if s and x >> 31 else x)),
+    "max": lambda o, v, s: (max(o, v, key=lambda x: x - (1 << 32) if s and x >> 31 else x)),
+    "inc": lambda o, v, s: 0 if o >= v else o + 1, "dec": lambda o, v, s: v if o == 0 or o > v else o - 1,
+}
+
+
+@_family("atom", "red")
+def _atom(kp, ops, mod, site):
+    # global-memory atomics, one active thread after another in thread order (a serialization the hardware may
+    # also choose); atom returns each thread's old value. CTAs run one after another here, so an atomic counter
+    # between CTAs sees the arrivals in CTA order.
+    fam = ops.family
+    space, op, typ = mod.get("space", ""), mod["op"], mod["type"]
+    what = f"{fam}.{space or 'generic'}.{op}.{typ}"
+    if space not in ("global", ""):
+        raise kp.unsupported(f"{what} (the interpreter implements global atomics)")
+    if typ not in ("s32", "u32", "b32") or (typ == "b32" and op not in ("and", "or", "xor")):
+        raise kp.unsupported(f"{what} (the interpreter implements 32-bit integer atomics: "
+                             f"{choices(sorted(_ATOM_INT_OPS))} on .s32 / .u32, and / or / xor on .b32)")
+    signed = typ == "s32"
+    faddr = ops.value("addr")
+    (fval,) = ops.bits("value")
+    wd = ops.writers("d")[0] if fam == "atom" else None
+
+    def run(st):
+        thr = active_threads(st)
+        if len(thr) == 0:
+            return
+        ptrs = as_thread_vector(st, np.asarray(faddr(st), np.int64))[thr]
+        vals = as_thread_vector(st, fval(st)).astype(np.int64)[thr] & 0xFFFFFFFF
+        olds = np.zeros(len(thr), np.uint32)
+        for k in range(len(thr)):
+            one = np.array([k])
+            raw = global_bytes(st, site, ptrs[one], np.array([4]), 4, thr[one], what)
+            old = int(raw.view(np.uint32)[0, 0])
+            new = _ATOM_INT_OPS[op](old, int(vals[k]), signed)
+            global_write(st, site, ptrs[one], np.array([new], np.uint32).view(np.uint8).reshape(1, 4), thr[one],
+                         what)
+            olds[k] = old
+        if wd is not None:
+            wd(st, olds.view(np.int32) if signed else olds, thr)
+        st.rec.count("atomics", len(thr))
+    return run

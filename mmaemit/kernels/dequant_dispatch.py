@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 
 from mmaemit.arch import device_sm_count
@@ -87,7 +88,7 @@ from mmaemit.errors import ArgumentError, TileShapeError, UnsupportedConfigError
 from .dequant_dense import DenseConfig, make_dequant_to_dense
 from .dequant_gemm import GemvConfig, TiledConfig, make_dequant_gemm_tiled, make_dequant_gemv
 from .dequant_gemm_hopper import (HOPPER_FUSED_FORMATS, HopperDequantConfig, fused_smem_bytes,
-                                  make_dequant_gemm_hopper)
+                                  make_dequant_gemm_hopper, stream_k_workspace)
 from .dequant_gemm_wgmma import WgmmaConfig, make_dequant_gemm_wgmma
 from .dequant_parts import check_scheme
 from .gated import check_gate, gate_into
@@ -597,7 +598,7 @@ class DequantGemm:
                 self._check(run(funcs[0], *weights, scratch, arch=self.arch))
                 self._check(run(funcs[1], A, scratch, out, arch=self.arch))
             else:
-                self._check(run(funcs[0], A, *weights, out, arch=self.arch))
+                self._check(run(funcs[0], A, *weights, out, *self._stream_k_buffers(path, A.device), arch=self.arch))
             return
         kernels = self.kernels(path)
         if path.startswith("dense"):
@@ -605,7 +606,24 @@ class DequantGemm:
             kernels[0](*weights, scratch)
             kernels[1](A, scratch, out)
         else:
-            kernels[0](A, *weights, out)
+            kernels[0](A, *weights, out, *self._stream_k_buffers(path, A.device))
+
+    def _stream_k_buffers(self, path, device) -> tuple:
+        # a stream_k fused kernel's workspace and counters (stream_k_workspace): views of the device's shared
+        # scratch (mmaemit.runtime.workspace), or fresh zeros on the interpreter
+        import torch
+
+        cfg = self.configs.get(path)
+        if not (path in FUSED_PATHS and cfg.stream_k):
+            return ()
+        (ws, _), (lk, _) = stream_k_workspace(cfg)
+        if self.interpret:
+            return torch.empty(ws, dtype=torch.float32), torch.zeros(lk, dtype=torch.int32)
+        from mmaemit.runtime.workspace import scratch
+
+        n_ws, n_lk = math.prod(ws), math.prod(lk)
+        return (scratch(device, torch.float32, n_ws)[:n_ws].view(ws),
+                scratch(device, torch.int32, n_lk)[:n_lk].view(lk))
 
     @staticmethod
     def _check(report):

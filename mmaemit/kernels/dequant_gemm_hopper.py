@@ -66,7 +66,7 @@ from mmaemit.runtime.launch import programmatic_dependent_launch
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
            "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS", "QUAD_REPAIRS",
-           "DECODE_VARIANTS"]
+           "DECODE_VARIANTS", "stream_k_workspace"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
 #: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
@@ -146,7 +146,16 @@ class HopperDequantConfig:
     rows instead of ``block_m`` (the map is encoded per launch), so TMA does not zero-fill the rows past M every
     stage; the tile rows past the box are zeroed once per CTA (later hand-over writes may leave other values there,
     which only feed output rows the store clips). The same bits; H100, 8192^2 int4 fp16: fused128 at M=97 29.8-33.2
-    us against 41.4-41.5 (``docs/perf-notes.md``, fifteenth session)."""
+    us against 41.4-41.5 (``docs/perf-notes.md``, fifteenth session).
+    ``stream_k``: where the last wave of whole tiles would leave a tenth or more of the SMs idle (decided at run
+    time from M: :class:`mmaemit.pipeline.StreamKScheduler`), that wave's K work is spread evenly over every SM
+    instead: each CTA first takes its whole tiles, then a contiguous range of the remaining tiles' ring stages
+    (whole k_split rounds of stages, at least 1024 of K where there is enough). A piece that is not a whole tile
+    writes its fp32 sums to a global workspace and adds to the tile's counter; the piece that completes the tile
+    sums every piece's slot in K order (the same result whatever order the CTAs finish in) and stores the tile.
+    The kernel then takes two more arguments after C (:func:`stream_k_workspace`): the fp32 workspace and the int32
+    counters, zero before the first launch (every launch leaves them zero). Launches that share a workspace must not
+    run concurrently (one stream at a time). The grid is always the SM count."""
 
     block_m: int = 128
     consumers: int = 2
@@ -168,6 +177,7 @@ class HopperDequantConfig:
     chunks_per_group: int = 1
     decode_variant: str = "auto"
     fit_rows: bool = False
+    stream_k: bool = False
 
     @property
     def k_multiple(self) -> int:
@@ -314,7 +324,21 @@ def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int, ze
     slots = 1 if cfg.handover == "rounds" else 0 if cfg.handover == "stage" else cfg.consumers - 1
     tail = (slots * 128 * (cfg.block_m // 2) * 4 if cfg.k_split
             else (rows // 64) * cfg.block_m * 64 * 2)
-    return cfg.stages * stage + tail + 16 * cfg.stages + 2048
+    return cfg.stages * stage + tail + 16 * cfg.stages + 2048 + (16 if cfg.stream_k else 0)
+
+
+def stream_k_workspace(config: HopperDequantConfig, sms: int | None = None) -> tuple:
+    """((shape, "float32"), (shape, "int32")) of the two buffers a ``stream_k`` kernel takes after C: per worker
+    (``num_sms`` or ``sms``, else the visible GPU's SM count) two slots of fp32 partial sums per 64-row group of the
+    tile (``block_m / 2`` x 128 per group: one per accumulator and consumer thread), and one counter per tail tile
+    and group (at most one tail tile per worker). The counters must be zero before the first launch."""
+    from mmaemit.arch import device_sm_count
+
+    if not isinstance(config, HopperDequantConfig):
+        raise UnsupportedConfigError(f"config must be a HopperDequantConfig, not {type(config).__name__}")
+    W = config.num_sms if config.num_sms is not None else (sms if sms is not None else device_sm_count())
+    groups = config.weight_rows // 64
+    return ((W, 2, groups, config.block_m // 2, 128), "float32"), ((W, groups), "int32")
 
 
 def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
@@ -336,8 +360,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     from mmaemit.dequant.decode import variants_of
     from mmaemit.kernels.dequant_parts import check_scheme, emit_pair_of_column, kernel_decode_program
     from mmaemit.kernels.gemm_hopper import SMEM_LIMIT
-    from mmaemit.pipeline import (MbarrierRing, PersistentTileScheduler, TmaTile, WarpgroupRoles, bulk_commit,
-                                  bulk_wait)
+    from mmaemit.pipeline import (MbarrierRing, PersistentTileScheduler, StreamKScheduler, TmaTile, WarpgroupRoles,
+                                  bulk_commit, bulk_wait)
 
     arch = as_arch(arch or "sm_90a")
     isa.require_feature("wgmma", arch)
@@ -492,28 +516,62 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     RED_BYTES = 0 if STAGE_HO else SLOTS * 128 * NACC * 4 if KS else 0
     STAGE_BYTES = (1 if XST else CPS) * X_BYTES + W_BYTES + SPS * S_BYTES * (2 if HAS_Z else 1)
 
-    def last_unit(t, o):
-        # k_split consumer o's last unit of tile t (its first is o, then every STEP-th): the stage it keeps with
-        # handover="stage"
-        return t * KU + o + STEP * (KC - 1)
+    def plus(a, b):
+        # a + b, without a literal "0 +" in the generated code
+        return b if isinstance(a, int) and a == 0 else a + b
+
+    def last_unit(ib, u0, kc, o):
+        # k_split consumer o's last ring iteration of an item whose unit u is iteration ib + u (its units are
+        # u0 + o, then every STEP-th, kc of them): the stage it keeps with handover="stage"
+        return plus(u0, ib) + o + STEP * (kc - 1)
 
     def x_rows():
         # rows of an activation box: the tile's, or with fit_rows those up to M rounded up to 8 (M <= block_m)
         return T.min(T.int32(BT), (M + 7) // 8 * 8) if FIT else BT
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
-    if smem != ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048:
+    SK = cfg.stream_k
+    if not isinstance(SK, bool):
+        raise UnsupportedConfigError(f"stream_k={SK!r}; valid: True, False")
+    if smem != (ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048
+                + (16 if SK else 0)):
         raise AssertionError("fused_smem_bytes disagrees with the kernel's boxes")
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}), "
                                      f"chunks_per_stage ({CPS}) or block_m ({BT})")
     sms = cfg.num_sms if cfg.num_sms is not None else device_sm_count()
     GN = N // BW
-    if DYN:
+    if SK:
+        # stream-K pieces start and end on whole rounds of the k_split consumers' stages (each consumer then has a
+        # unit in every piece, and keeps meeting its own stages), at least 16 chunks of K where there is enough
+        MING = -(-16 // (CPS * STEP))
+        sched = StreamKScheduler((M + (BT - 1)) // BT if DYN else -(-M // BT), GN, sms, KU, STEP, cfg.panel, MING)
+    elif DYN:
         sched = PersistentTileScheduler((M + (BT - 1)) // BT, GN, sms, cfg.panel, 1)
     else:
         GM = -(-M // BT)
         sched = PersistentTileScheduler(GM, GN, max(1, min(sms, GM * GN)), cfg.panel, 1)
     NW = sched.workers
+    NG = KU // STEP                       # stream-K granules (k_split rounds of stages) per tile
+
+    def prologue_into(pre, worker):
+        # stream-K: the worker's whole-tile count and tail range, once per CTA (None otherwise)
+        return sched.prologue_into(pre, worker) if SK else None
+
+    def count(worker, pre):
+        return sched.count(worker, pre) if SK else sched.count(worker)
+
+    def item_into(tile, worker, t, pre):
+        # (tm, tn, u0, nu, ib, sk, slot) of the worker's t-th item: units [u0, u0 + nu) of tile (tm, tn), unit u is
+        # ring iteration ib + u; sk >= 0: a stream-K piece of tail tile sk (workspace slot "slot")
+        if SK:
+            from tvm.tirx.script.builder import ir as IRB
+
+            tm, tn, u0, nu, base, sk, slot = sched.item(worker, t, pre)
+            for i, v in enumerate((tm, tn, u0, nu, base - u0, sk, slot)):
+                IRB.buffer_store(tile, v, [i])
+            return tuple(tile[i] for i in range(7))
+        tm, tn = sched.tile_into(tile, worker, t)
+        return tm, tn, 0, KU, t * KU, -1, 0
     # every consumer thread arrives: each reads its words of the stage with ld.shared (not only the async proxy)
     # (k_split: one consumer per stage)
     ring = MbarrierRing(ST, 128 * RG, 1)
@@ -633,7 +691,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                        stage=(s, jj), scale_d=(u > first if jj == 0 else True) if ks == 0 else True)
         em.commit_group()
 
-    def retire(it, u, j, first, final):
+    def retire(it, u, j, first, final, c):
         # after chunk j's commit (the last chunk of its group): retire wgmmas in the group that issued them or the
         # next one (a wait deferred past a loop iteration made ptxas serialize every wgmma, C7514, through the
         # epilogue's accumulator reads)
@@ -647,8 +705,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             em.wait_group(0)
             if CPS == 1:
                 ring.consumer_release(it + ST - STEP, pred=u > first)
-            # handover="stage": consumers c > 0 (first = c) keep their last stage for their sums
-            ring.consumer_release(it, pred=(first < 1) if STAGE_HO else None)
+            # handover="stage": consumers c > 0 keep their last stage for their sums (c, not the unit: a stream-K
+            # piece's first unit is past c)
+            ring.consumer_release(it, pred=(c < 1) if STAGE_HO else None)
         else:
             em.wait_group(1)                   # the previous group retired: its A buffers are reusable
             if j == CPG - 1:
@@ -657,7 +716,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     @T.inline
     def sub(Ss, Zs, Ws, acc, af, afo, wb, wpre, y, ynext, rr, sv, sp, zp, opr, desc, s, it, u, j, first, blk, lane, g,
-            q, final):
+            q, final, c):
         # chunk j (a Python int) of the unit in stage s: words, scales (and zeros) -> A registers af -> 4 wgmmas;
         # hoisted operands are rebuilt where a scale group may start: the unit's first chunk, chunks at a group
         # boundary of the stage, every chunk when a group straddles stages (one scale box per chunk). With
@@ -692,16 +751,16 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         decode_steps(wb, y, af, sp, zp, opr)
         if CPG == 1 or j % 2 == 1:
             issue(acc, af, afo, desc, s, u, j, first)
-            retire(it, u, j, first, final)
+            retire(it, u, j, first, final, c)
 
     @T.inline
-    def unit(Ss, Zs, Ws, acc, afa, afb, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t, u, first, c, warp,
+    def unit(Ss, Zs, Ws, acc, afa, afb, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib, u, first, c, warp,
              lane, g, q, final=False):
-        # ring stage u of tile t (chunks kt = CPS u .. CPS u + CPS - 1); first: this consumer's first unit (0, or c
-        # with k_split); its previous one is u - STEP. CPS = 1: chunk on afa (the caller alternates the buffers);
+        # ring stage u of the item (chunks kt = CPS u .. CPS u + CPS - 1; ring iteration ib + u); first: this
+        # consumer's first unit of the item (u0, or u0 + c with k_split); its previous one is u - STEP. CPS = 1: chunk on afa (the caller alternates the buffers);
         # CPS = 2, 4: the chunks alternate afa / afb, so every unit starts on afa; chunks_per_group=2: chunks 0, 1 on
         # afa / afb, chunks 2, 3 on afc / afd
-        it = T.meta_var(t * KU + u)
+        it = T.meta_var(ib + u)
         s = T.meta_var(ring.stage(it))
         blk = T.meta_var((0 if KS else c) * 4 + warp)     # the warp's n16 block in the stage
         ring.consumer_wait(it)
@@ -711,15 +770,15 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 wpre[w] = T.reinterpret("uint32", Ws[s, blk, w // WPC, lane, w % WPC])
             repair(wpre, 0, y, rr, q)
         sub(Ss, Zs, Ws, acc, afa, afb, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q,
-            final)
+            final, c)
         if CPS >= 2:
             sub(Ss, Zs, Ws, acc, afb, afa, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g,
-                q, final)
+                q, final, c)
         if CPS == 4:
             sub(Ss, Zs, Ws, acc, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g,
-                q, final)
+                q, final, c)
             sub(Ss, Zs, Ws, acc, afd, afc, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g,
-                q, final)
+                q, final, c)
 
     @T.inline
     def epilogue(Cs, slot, c_map, acc, tm, tn, r, tid):
@@ -736,7 +795,48 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         bulk_commit()
 
     @T.inline
-    def body(A, W, S, C, x_map, w_map, s_map, z_map, c_map):
+    def fixup(WSP, LKC, Flag, acc, worker, pre, sk, sk_slot, sk_units, r, tid):
+        # a stream-K piece (sk >= 0) of 64-row group r: its sums into its workspace slot, then its granules onto the
+        # tile's counter; Flag[r] = 1 where this piece completed the tile (or is a whole tile), and then acc = the sum
+        # of every piece's slot in K order (deterministic whatever the arrival order) and the counter back to 0
+        if sk >= 0:
+            for i in T.unroll(NACC):
+                WSP[worker, sk_slot, r, i, tid] = acc[i]
+            T.ptx.bar.sync(T.uint32(5 + r), T.uint32(128))
+            if tid == 0:
+                old = T.alloc_local((1,), "int32")
+                T.ptx.fence.acq_rel.gpu()
+                T.ptx.atom.acq_rel.gpu.global_.add.s32(old[0], LKC.ptr_to([sk, r]), sk_units // STEP)
+                Flag[r] = T.Select(old[0] + sk_units // STEP == NG, 1, 0)
+            T.ptx.bar.sync(T.uint32(5 + r), T.uint32(128))
+            if Flag[r] != 0:
+                T.ptx.fence.acq_rel.gpu()
+                lohi = T.meta_var(sched.pieces(sk, pre))
+                for i in T.unroll(NACC):
+                    acc[i] = T.float32(0)
+                for w2 in T.serial(lohi[0], lohi[1] + 1):
+                    for i in T.unroll(NACC):
+                        acc[i] = acc[i] + WSP[w2, sk - sched.range_start(w2, pre) // NG, r, i, tid]
+                if tid == 0:
+                    LKC[sk, r] = 0
+        else:
+            if tid == 0:
+                Flag[r] = 1
+            T.ptx.bar.sync(T.uint32(5 + r), T.uint32(128))
+
+    @T.inline
+    def store_tile(WSP, LKC, Flag, Cs, cs_slot, c_map, acc, worker, pre, tmn, r, tid):
+        # the epilogue of 64-row group r from staging slot cs_slot; with stream_k only where this item completes its
+        # tile (its sums are then the tile's)
+        if SK:
+            fixup(WSP, LKC, Flag, acc, worker, pre, tmn[5], tmn[6], tmn[3], r, tid)
+            if Flag[r] != 0:
+                epilogue(Cs, cs_slot, c_map, acc, tmn[0], tmn[1], r, tid)
+        else:
+            epilogue(Cs, cs_slot, c_map, acc, tmn[0], tmn[1], r, tid)
+
+    @T.inline
+    def body(A, W, S, C, x_map, w_map, s_map, z_map, c_map, WSP=None, LKC=None):
         T.attr(WarpgroupRoles.launch_attr())
         worker = T.cta_id([NW])
         wg = T.warpgroup_id([roles.warpgroups])
@@ -763,6 +863,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             Cs = pool.alloc((RG, BT, 64), dtype, align=c_map_t.smem_alignment)
             Red = pool.alloc((1, 1, 128), "float32", align=128)      # unused without k_split
         bars = ring.alloc(pool)  # noqa: F841
+        Flag = T.meta_var(pool.alloc((4,), "int32", align=16) if SK else None)
         pool.commit()
         if PDL:
             T.ptx.griddepcontrol.launch_dependents()
@@ -784,40 +885,47 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             roles.producer_setup()
             if T.And(tid % 32 == 0, tid < 32 * NP):
                 p = T.meta_var(tid // 32)         # this producer fills the stages s = p (mod NP), in ring order
-                tile = T.alloc_local((2,), "int32")
+                tile = T.alloc_local((7 if SK else 2,), "int32")
+                pre_r = T.meta_var(T.alloc_local((8,), "int32") if SK else None)
+                pre = T.meta_var(prologue_into(pre_r, worker))
                 if PDL:
                     # the weights are read-only: their first stages' boxes may move into L2 before the wait
                     if PFS > 0:
-                        if T.And(p == 0, sched.count(worker) > 0):
-                            t0 = T.meta_var(sched.tile_into(tile, worker, 0))
+                        if T.And(p == 0, count(worker, pre) > 0):
+                            t0 = T.meta_var(item_into(tile, worker, 0, pre))
                             for u in T.unroll(min(PFS, KU)):
-                                w_map_t.prefetch(w_map, (t0[1] * NB, u * CPS, 0))
+                                if SK:
+                                    if u < t0[3]:
+                                        w_map_t.prefetch(w_map, (t0[1] * NB, (t0[2] + u) * CPS, 0))
+                                else:
+                                    w_map_t.prefetch(w_map, (t0[1] * NB, u * CPS, 0))
                     T.ptx.griddepcontrol.wait()
-                for t in T.serial(sched.count(worker)):
-                    tmn = T.meta_var(sched.tile_into(tile, worker, t))
+                for t in T.serial(count(worker, pre)):
+                    tmn = T.meta_var(item_into(tile, worker, t, pre))
                     tm = T.meta_var(tmn[0])
                     tn = T.meta_var(tmn[1])
-                    for u in T.serial(KU):
-                        it = T.meta_var(t * KU + u)
+                    for u in T.serial(tmn[3]):
+                        uu = T.meta_var(plus(tmn[2], u))
+                        it = T.meta_var(tmn[4] + uu)
                         s = T.meta_var(ring.stage(it))
                         if it % NP == p:
                             ring.producer_acquire(it)
                             ring.producer_expect(it, STAGE_BYTES - CPS * (BT - x_rows()) * CHUNK * 2 if FIT
                                                  else STAGE_BYTES)
                             if XST:
-                                x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), x_map, (u * CPS, tm * BT, 0),
+                                x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), x_map, (uu * CPS, tm * BT, 0),
                                              ring.full_ptr(it))
                             else:
                                 for j in range(CPS):
-                                    x_map_t.load(Xs.ptr_to([s, j, 0, 0]), x_map, (tm * BT, (u * CPS + j) * CHUNK),
+                                    x_map_t.load(Xs.ptr_to([s, j, 0, 0]), x_map, (tm * BT, (uu * CPS + j) * CHUNK),
                                                  ring.full_ptr(it))
-                            w_map_t.load(Ws.ptr_to([s, 0, 0, 0, 0]), w_map, (tn * NB, u * CPS, 0), ring.full_ptr(it))
+                            w_map_t.load(Ws.ptr_to([s, 0, 0, 0, 0]), w_map, (tn * NB, uu * CPS, 0), ring.full_ptr(it))
                             for j in range(SPS):
                                 s_map_t.load(Ss.ptr_to([s, j, 0, 0, 0]), s_map,
-                                             (tn * NB, (u * CPS + j) * CHUNK // G, 0), ring.full_ptr(it))
+                                             (tn * NB, (uu * CPS + j) * CHUNK // G, 0), ring.full_ptr(it))
                                 if HAS_Z:
                                     z_map_t.load(Zs.ptr_to([s, j, 0, 0, 0]), z_map,
-                                                 (tn * NB, (u * CPS + j) * CHUNK // G, 0), ring.full_ptr(it))
+                                                 (tn * NB, (uu * CPS + j) * CHUNK // G, 0), ring.full_ptr(it))
         else:
             roles.consumer_setup()
             if PDL:
@@ -846,37 +954,42 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             opr = T.meta_var(program.alloc_operands() if HOIST else None)
             desc = em.alloc_descriptor()
             em.init_descriptor(desc, Xs, "B")
-            tile = T.alloc_local((2,), "int32")
-            for t in T.serial(sched.count(worker)):
-                tmn = T.meta_var(sched.tile_into(tile, worker, t))
+            tile = T.alloc_local((7 if SK else 2,), "int32")
+            pre_r = T.meta_var(T.alloc_local((8,), "int32") if SK else None)
+            pre = T.meta_var(prologue_into(pre_r, worker))
+            for t in T.serial(count(worker, pre)):
+                tmn = T.meta_var(item_into(tile, worker, t, pre))
                 tm = T.meta_var(tmn[0])
                 tn = T.meta_var(tmn[1])
-                first = T.meta_var(c if KS else 0)
+                ib = T.meta_var(tmn[4])                     # unit u of this item is ring iteration ib + u
+                first = T.meta_var(plus(tmn[2], c if KS else 0))
+                KC = T.meta_var(KU // STEP if not SK else tmn[3] // STEP)     # this consumer's units of the item
+                PAIRS = T.meta_var((KC - 1) // 2 if not SK else (tmn[3] - STEP) // (2 * STEP))
                 if INF == 0:
                     for j in T.serial(KC):
-                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                              first + STEP * j, first, c, warp, lane, g, q)
                 elif CPS > 1:
                     # every unit alternates the A buffers itself; the last one retires all
                     for j in T.serial(KC - 1):
-                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                              first + STEP * j, first, c, warp, lane, g, q)
-                    unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                    unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                          first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 else:
                     # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
                     for j2 in T.serial(PAIRS):
-                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                              first + STEP * (2 * j2), first, c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                              first + STEP * (2 * j2 + 1), first, c, warp, lane, g, q)
                     if KC - 2 * PAIRS == 2:
-                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                              first + STEP * (KC - 2), first, c, warp, lane, g, q)
-                        unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                              first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                     else:
-                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, t,
+                        unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
                              first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
                 if STAGE_HO:
@@ -884,7 +997,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     # adds them, stages C in consumer 1's stage and releases the kept stages once the store read it
                     if c > 0:
                         for i in T.unroll(NACC):
-                            RedS[ring.stage(last_unit(t, c)) * (CPS // 2), i, tid] = acc[i]
+                            RedS[ring.stage(last_unit(ib, tmn[2], KC, c)) * (CPS // 2), i, tid] = acc[i]
                         if FIT:
                             # the rows past a short box are not rewritten by the stage's later loads: the wgmmas
                             # (async proxy) read these generic writes there
@@ -893,14 +1006,21 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     if c == 0:
                         for i in T.unroll(NACC):
                             for o in T.unroll(NC - 1):
-                                acc[i] = acc[i] + RedS[ring.stage(last_unit(t, o + 1)) * (CPS // 2), i, tid]
+                                acc[i] = acc[i] + RedS[ring.stage(last_unit(ib, tmn[2], KC, o + 1)) * (CPS // 2), i, tid]
                         for o in T.unroll(NC - 2):
-                            ring.consumer_release(last_unit(t, o + 2))
-                        s1 = T.meta_var(ring.stage(last_unit(t, 1)))
-                        epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
-                        if tid == 0:
-                            bulk_wait(0, read=True)          # the store has read C out of consumer 1's stage
-                        ring.consumer_release(last_unit(t, 1))
+                            ring.consumer_release(last_unit(ib, tmn[2], KC, o + 2))
+                        s1 = T.meta_var(ring.stage(last_unit(ib, tmn[2], KC, 1)))
+                        if SK:
+                            fixup(WSP, LKC, Flag, acc, worker, pre, tmn[5], tmn[6], tmn[3], 0, tid)
+                            if Flag[0] != 0:
+                                epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
+                                if tid == 0:
+                                    bulk_wait(0, read=True)  # the store has read C out of consumer 1's stage
+                        else:
+                            epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
+                            if tid == 0:
+                                bulk_wait(0, read=True)      # the store has read C out of consumer 1's stage
+                        ring.consumer_release(last_unit(ib, tmn[2], KC, 1))
                 elif KS:
                     # consumers 1 .. NC - 1 hand their sums to consumer 0 (thread for thread: the same accumulator
                     # layout); the first barrier also keeps them from overwriting Red before consumer 0 read the last
@@ -920,7 +1040,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                 for i in T.unroll(NACC):
                                     acc[i] = acc[i] + Red[0, i, tid]
                         if c == 0:
-                            epilogue(Cs, 0, c_map, acc, tm, tn, 0, tid)
+                            store_tile(WSP, LKC, Flag, Cs, 0, c_map, acc, worker, pre, tmn, 0, tid)
                     else:
                         T.ptx.bar.sync(T.uint32(3), T.uint32(128 * NC))
                         if c > 0:
@@ -931,33 +1051,48 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                             for i in T.unroll(NACC):
                                 for o in T.unroll(NC - 1):
                                     acc[i] = acc[i] + Red[o, i, tid]
-                            epilogue(Cs, 0, c_map, acc, tm, tn, 0, tid)
+                            store_tile(WSP, LKC, Flag, Cs, 0, c_map, acc, worker, pre, tmn, 0, tid)
                 else:
-                    epilogue(Cs, c, c_map, acc, tm, tn, c, tid)
+                    store_tile(WSP, LKC, Flag, Cs, c, c_map, acc, worker, pre, tmn, c, tid)
             bulk_wait(0, read=False)
 
-    if HAS_Z:
+    if SK:
+        WS_SHAPE, LK_SHAPE = (shape for shape, _ in stream_k_workspace(cfg, sms))
+
+    @T.inline
+    def entry(A, W, S, Z, C, WSP, LKC):
+        x_map = x_map_t.encode(A, box=(x_rows(), CHUNK) if FIT else None)
+        w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
+        S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
+        s_map = s_map_t.encode(S16)
+        z_map = T.meta_var(z_map_t.encode(T.decl_buffer((N // 16, K // G, 16), dtype, data=Z.data)) if HAS_Z
+                           else s_map)
+        c_map = c_map_t.encode(C)
+        T.device_entry()
+        body(A, W, S, C, x_map, w_map, s_map, z_map, c_map, WSP, LKC)
+
+    if HAS_Z and SK:
+        @T.prim_func
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
+                 C: T.Buffer((M, N), dtype), WSP: T.Buffer(WS_SHAPE, "float32"), LKC: T.Buffer(LK_SHAPE, "int32")):
+            entry(A, W, S, Z, C, WSP, LKC)
+    elif HAS_Z:
         @T.prim_func
         def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), Z: T.Buffer((N // 16, K // G, 4, 4), ZD),
                  C: T.Buffer((M, N), dtype)):
-            x_map = x_map_t.encode(A, box=(x_rows(), CHUNK) if FIT else None)
-            w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
-            s_map = s_map_t.encode(T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data))
-            z_map = z_map_t.encode(T.decl_buffer((N // 16, K // G, 16), dtype, data=Z.data))
-            c_map = c_map_t.encode(C)
-            T.device_entry()
-            body(A, W, S, C, x_map, w_map, s_map, z_map, c_map)
+            entry(A, W, S, Z, C, None, None)
+    elif SK:
+        @T.prim_func
+        def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
+                 S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype),
+                 WSP: T.Buffer(WS_SHAPE, "float32"), LKC: T.Buffer(LK_SHAPE, "int32")):
+            entry(A, W, S, S, C, WSP, LKC)
     else:
         @T.prim_func
         def gemm(A: T.Buffer((M, K), dtype), W: T.Buffer((N // 16, KT, 32, WPC), "int32"),
                  S: T.Buffer((N // 16, K // G, 4, 4), dtype), C: T.Buffer((M, N), dtype)):
-            x_map = x_map_t.encode(A, box=(x_rows(), CHUNK) if FIT else None)
-            w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
-            S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
-            s_map = s_map_t.encode(S16)
-            c_map = c_map_t.encode(C)
-            T.device_entry()
-            body(A, W, S, C, x_map, w_map, s_map, s_map, c_map)
+            entry(A, W, S, S, C, None, None)
 
     return (programmatic_dependent_launch(gemm) if PDL else gemm), cfg

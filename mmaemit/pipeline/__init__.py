@@ -17,7 +17,7 @@ validates its configuration in Python first (``mmaemit.errors``), like the mma e
 from .cp_async import CpAsyncTile, cp_async_commit, cp_async_wait  # noqa: F401
 from .mbarrier import MbarrierRing, mbarrier_arrive, mbarrier_expect_tx, mbarrier_init, mbarrier_wait  # noqa: F401
 from .roles import WarpgroupRoles  # noqa: F401
-from .scheduler import PersistentTileScheduler  # noqa: F401
+from .scheduler import PersistentTileScheduler, StreamKScheduler  # noqa: F401
 from .tma import TmaTile, bulk_commit, bulk_wait  # noqa: F401
 
 __all__ = ["CpAsyncTile", "cp_async_commit", "cp_async_wait", "TmaTile", "bulk_commit", "bulk_wait", "MbarrierRing", "mbarrier_wait", "mbarrier_arrive",

@@ -1,0 +1,261 @@
+"""Stream-K tails of the fused Hopper dequant GEMM (``HopperDequantConfig(stream_k=True)``): the scheduler's split of
+the last wave (by enumeration), the kernel on the interpreter (every hand-over, ring shape and piece layout against
+the float64 product, deterministic, the counters left at zero, a piece that starts past its consumer's first unit
+followed by enough work to wrap the ring), the interpreter's global atomics, and the dispatcher's workspace; on the
+GPU the same through ``DequantGemm``."""
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import mmaemit
+from mmaemit import dequant as D
+from mmaemit.dequant.kernel_layout import kernel_arguments
+from mmaemit.errors import TileShapeError, UnsupportedConfigError
+from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig, make_dequant_gemm_hopper, stream_k_workspace
+from mmaemit.pipeline import PersistentTileScheduler, StreamKScheduler
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the scheduler
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _walk(s: StreamKScheduler):
+    """Every item of every worker: each (tile, unit) covered once, ring positions contiguous per worker, pieces of a
+    tail tile from consecutive workers in K order (what :meth:`pieces` names), slots as documented."""
+    cover, pieces = {}, {}
+    for w in range(s.workers):
+        base = 0
+        for tm, tn, u0, nu, b, sk, slot in s.plan(w):
+            assert b == base and nu > 0 and nu % s.granule == 0 and u0 % s.granule == 0 and u0 + nu <= s.units
+            assert slot in (0, 1)
+            for u in range(u0, u0 + nu):
+                assert (tm, tn, u) not in cover
+                cover[(tm, tn, u)] = w
+            base += nu
+            if sk >= 0:
+                assert nu < s.units
+                pieces.setdefault(sk, []).append((w, slot, u0, nu))
+            else:
+                assert (u0, nu) == (0, s.units)
+    assert len(cover) == s.tiles * s.units
+    ng = s.granules_per_tile
+    for sk, ps in pieces.items():
+        lo, hi = s.pieces(sk)
+        assert [p[0] for p in ps] == list(range(lo, hi + 1))
+        assert all(slot == sk - s.range_start(w) // ng for w, slot, _, _ in ps)
+        assert [p[2] for p in ps] == sorted(p[2] for p in ps) and sum(p[3] for p in ps) == s.units
+    return cover
+
+
+@pytest.mark.parametrize("gm, gn, workers", list(itertools.product([1, 3], [1, 5, 64, 448], [1, 7, 132])))
+def test_stream_k_scheduler_covers_every_unit_once(gm, gn, workers):
+    for units, granule, least in ((64, 2, 4), (6, 2, 1), (1, 1, 1), (12, 4, 2)):
+        s = StreamKScheduler(gm, gn, workers, units, granule, 4, least)
+        cover = _walk(s)
+        if not s.streamed:
+            # without the tail, the items are the persistent scheduler's, tile for tile
+            p = PersistentTileScheduler(gm, gn, workers, 4)
+            for w in range(workers):
+                assert [it[:2] for it in s.plan(w)] == [p.tile(w, t) for t in range(p.count(w))]
+        else:
+            busiest = max(sum(it[3] for it in s.plan(w)) for w in range(workers))
+            assert busiest <= -(-gm * gn // workers) * units       # never longer than the data-parallel last wave
+        assert len(cover) == gm * gn * units
+
+
+def test_stream_k_scheduler_balances_the_last_wave():
+    # 28672 x 8192 at 64-row tiles: 448 tiles of 64 stages on 132 SMs (3.39 waves): the busiest SM does 218 stages
+    # instead of 4 x 64 = 256; 4096-wide outputs (64 tiles): 56 instead of 112; a full last wave (128 of 132) stays
+    # data-parallel
+    for tiles, units, busiest in ((448, 64, 218), (64, 112, 56), (224, 32, 56)):
+        s = StreamKScheduler(1, tiles, 132, units, 2, 8, 8)
+        assert s.streamed and max(sum(it[3] for it in s.plan(w)) for w in range(132)) == busiest
+    assert not StreamKScheduler(1, 128, 132, 64, 2).streamed
+    assert not StreamKScheduler(2, 66, 132, 64, 2).streamed            # no tail at all
+    with pytest.raises(TileShapeError, match="multiple of granule"):
+        StreamKScheduler(1, 8, 4, 6, 4)
+    with pytest.raises(UnsupportedConfigError, match="threshold"):
+        StreamKScheduler(1, 8, 4, 8, 2, threshold=(3, 2))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the interpreter's atomics
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_interpreter_global_atomics_return_old_values_in_order():
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def atomics(X: T.Buffer((4,), "int32"), Old: T.Buffer((2, 64), "int32")):
+        T.device_entry()
+        bx = T.cta_id([2])
+        tx = T.thread_id([64])
+        old = T.alloc_local((1,), "int32")
+        uold = T.alloc_local((1,), "uint32")
+        T.ptx.atom.acq_rel.gpu.global_.add.s32(old[0], X.ptr_to([0]), tx + 1)
+        Old[bx, tx] = old[0]
+        T.ptx.atom.global_.min.s32(old[0], X.ptr_to([1]), tx - 40)
+        T.ptx.atom.global_.max.u32(uold[0], X.ptr_to([2]), T.Cast("uint32", tx))
+        T.ptx.red.global_.add.s32(X.ptr_to([3]), 2)
+
+    X = torch.tensor([5, 0, 0, 7], dtype=torch.int32)
+    Old = torch.zeros(2, 64, dtype=torch.int32)
+    assert mmaemit.interpret(atomics, X, Old, arch="sm_90a").ok
+    adds = np.tile(np.arange(1, 65), 2)
+    assert Old.flatten().tolist() == (5 + np.concatenate([[0], np.cumsum(adds)[:-1]])).tolist()
+    assert X.tolist() == [5 + int(adds.sum()), -40, 63, 7 + 2 * 128]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the kernel on the interpreter
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _run(cfg, N, K, M, fmt="int4", zeros=None, seed=1, runs=1):
+    g = torch.Generator().manual_seed(seed)
+    qw = D.quantize(torch.randn(N, K, generator=g).half(), D.QuantScheme(fmt, 128, zeros))
+    tensors, kw = kernel_arguments(qw)
+    A = torch.randn(M, K, generator=g).half()
+    func, _ = make_dequant_gemm_hopper(None, N, K, config=cfg, **kw)
+    extra = ()
+    if cfg.stream_k:
+        (ws, _), (lk, _) = stream_k_workspace(cfg)
+        extra = (torch.full(ws, float("nan")), torch.zeros(lk, dtype=torch.int32))
+    outs = []
+    for _ in range(runs):
+        C = torch.full((M, N), float("nan"), dtype=torch.float16)
+        report = mmaemit.interpret(func, A, *tensors, C, *extra, arch="sm_90a")
+        assert report.ok, report.summary()
+        outs.append(C)
+    ref = A.double() @ qw.dequantize().double().T
+    return outs, ref, extra
+
+
+@pytest.mark.parametrize("name, N, K, M, fmt, zeros, cfg", [
+    # 5 tiles on 3 CTAs: 1 whole tile each, then the last 2 tiles' stages spread over the 3 (2 pieces per tile)
+    ("k_split parallel", 320, 1024, 20, "int4", None,
+     dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2)),
+    ("two consumer groups", 640, 512, 40, "int4", None, dict(block_m=32, consumers=2, stages=3, num_sms=4)),
+    ("one-chunk stages, zero points", 320, 1024, 20, "uint4", "quantized",
+     dict(block_m=16, consumers=2, stages=4, k_split=True)),
+    ("in_flight 0, fit_rows", 320, 1024, 9, "int4", None,
+     dict(block_m=16, consumers=2, stages=4, k_split=True, in_flight=0, fit_rows=True, activation_boxes="chunk")),
+    ("4 consumers, kept stages", 320, 2048, 30, "int4", None,
+     dict(block_m=32, consumers=4, stages=8, k_split=True, chunks_per_stage=2, consumer_regs=112, producer_regs=24,
+          handover="stage")),
+    ("two tile rows, 8-bit, kept stages", 192, 1024, 70, "int8", None,
+     dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=4, handover="stage",
+          fit_rows=True, activation_boxes="chunk")),
+])
+def test_stream_k_matches_the_float64_product(name, N, K, M, fmt, zeros, cfg):
+    """Each case has a stream-K tail (pieces written to the workspace, some tiles completed by a CTA other than the
+    one that started them). Outputs: poisoned, fully written, within fp16 rounding of the float64 product, within a
+    few fp16 ulps of the data-parallel kernel (another summation order), identical on a second launch (the order is
+    fixed whoever finishes last); the counters are zero after each launch."""
+    cfg = HopperDequantConfig(**{"num_sms": 3, **cfg})
+    (dp,), ref, _ = _run(cfg, N, K, M, fmt, zeros)
+    outs, _, (ws, lk) = _run(dataclasses.replace(cfg, stream_k=True), N, K, M, fmt, zeros, runs=2)
+    for C in outs:
+        assert not torch.isnan(C).any(), name
+        assert ((C.double() - ref).norm() / ref.norm()).item() < 2e-3, name
+        assert (C.float() - dp.float()).abs().max().item() <= 0.05, name
+    assert torch.equal(outs[0], outs[1])
+    assert int(lk.abs().sum()) == 0
+    assert (~torch.isnan(ws)).any(), "no piece went through the workspace: the case has no stream-K tail"
+
+
+def test_stream_k_piece_past_the_first_unit_then_a_ring_wrap():
+    """Worker 1 takes the last 3 of tile 3's 8 granules (its first unit is past consumer 0's index), then 2 of tile
+    4's. With handover="stage" consumer 0 must still release its last stage of the first piece: the second piece's
+    4 stages wrap the 4-stage ring onto it (a release keyed on the unit instead of the consumer deadlocked on the
+    H100; the interpreter reports that deadlock)."""
+    s = StreamKScheduler(1, 5, 3, 16, 2, 16, 4)
+    assert [it[2:4] for it in s.plan(1)[1:]] == [(10, 6), (0, 4)]
+    cfg = HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=3,
+                              handover="stage", stream_k=True)
+    (C,), ref, (_, lk) = _run(cfg, 320, 2048, 20)
+    assert not torch.isnan(C).any() and ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
+    assert int(lk.abs().sum()) == 0
+
+
+def test_stream_k_config_errors_and_workspace():
+    with pytest.raises(UnsupportedConfigError, match="stream_k=1; valid: True, False"):
+        make_dequant_gemm_hopper(None, 128, 512, config=HopperDequantConfig(stream_k=1))
+    cfg = HopperDequantConfig(block_m=96, consumers=2, k_split=True, num_sms=132, stream_k=True)
+    assert stream_k_workspace(cfg) == (((132, 2, 1, 48, 128), "float32"), ((132, 1), "int32"))
+    assert stream_k_workspace(HopperDequantConfig(block_m=256, num_sms=7))[0][0] == (7, 2, 2, 128, 128)
+    with pytest.raises(UnsupportedConfigError, match="HopperDequantConfig"):
+        stream_k_workspace(dict(block_m=64))
+
+
+def test_dispatcher_passes_the_stream_k_workspace_on_the_interpreter():
+    """``DequantGemm`` with a stream_k config gives the kernel its workspace and counters (fresh on the interpreter;
+    on the GPU views of the device's shared scratch), through the plan and by name."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    N, K = 320, 1024
+    g = torch.Generator().manual_seed(3)
+    qw = D.quantize(torch.randn(N, K, generator=g).half(), D.QuantScheme("int4", 128))
+    tensors, kw = kernel_arguments(qw)
+    cfg = HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=3,
+                              stream_k=True)
+    dg = DequantGemm(N, K, dtype="float16", arch="sm_90a", interpret=True, configs={"fused32": cfg}, **kw)
+    A = torch.randn(24, K, generator=g).half()
+    C = dg.run_path("fused32", A, *tensors, out=torch.full((24, N), float("nan"), dtype=torch.float16))
+    ref = A.double() @ qw.dequantize().double().T
+    assert not torch.isnan(C).any() and ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the GPU
+# ---------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_stream_k_on_the_gpu(dtype):
+    """N = 4096 (64 tiles of 64 rows for 132 SMs: every tile in pieces) and N = 28672 at K = 4096 (448 tiles: 3 whole
+    rounds, then the tail in pieces), through ``DequantGemm`` with stream_k on fused64 / fused128 / fused256k and the
+    default kernels: poisoned outputs within tolerance of the fp32 product, identical on repeated launches (the
+    scratch's counters return to zero), and as close to the data-parallel kernels as their summation orders allow;
+    then a CUDA graph replay."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+    from mmaemit.runtime.workspace import scratch
+
+    for N, K, cases in ((4096, 4096, ((64, "fused64"), (100, "fused128"), (250, "fused256k"))),
+                        (28672, 4096, ((128, "fused128"),))):
+        g = torch.Generator().manual_seed(N)
+        qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme("int4", 128))
+        tensors, kw = kernel_arguments(qw)
+        tensors = [t.cuda() for t in tensors]
+        dense = qw.dequantize().to(dtype).cuda()
+        plain = DequantGemm(N, K, dtype=str(dtype)[6:], **kw)
+        sk = DequantGemm(N, K, dtype=str(dtype)[6:], configs={p: dataclasses.replace(plain.configs[p], stream_k=True)
+                                                             for _, p in cases}, **kw)
+        for M, path in cases:
+            A = torch.randn(M, K, device="cuda").to(dtype)
+            ref = A.float() @ dense.float().T
+            want = plain.run_path(path, A, *tensors)
+            outs = [sk.run_path(path, A, *tensors, out=torch.full((M, N), float("nan"), dtype=dtype, device="cuda"))
+                    for _ in range(3)]
+            torch.cuda.synchronize()
+            for C in outs:
+                assert not torch.isnan(C).any(), (N, path)
+                assert ((C.float() - ref).norm() / ref.norm()).item() < (3e-3 if dtype == torch.float16 else 1e-2)
+                assert torch.equal(C, outs[0]), (N, path)
+            assert (outs[0].float() - want.float()).abs().max().item() <= 0.05 * want.float().abs().max().item()
+            assert int(scratch("cuda", torch.int32, 1).abs().sum()) == 0
+        M, path = cases[0]
+        A = torch.randn(M, K, device="cuda").to(dtype)
+        C = torch.empty(M, N, device="cuda", dtype=dtype)
+        sk.run_path(path, A, *tensors, out=C)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            sk.run_path(path, A, *tensors, out=C)
+        C.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = A.float() @ dense.float().T
+        assert not torch.isnan(C).any() and ((C.float() - ref).norm() / ref.norm()).item() < 1e-2
