@@ -69,3 +69,12 @@ def test_profile_dequant_path_on_the_interpreter(capsys):
     assert "fused160 M=140 128x1024 int4" in capsys.readouterr().out
     with pytest.raises(ArgumentError, match="runnable: .*fused64"):
         profile_dequant_path.main(["--shape", "128x1024", "--path", "fused999", "--m", "5", "--interpret"])
+
+
+def test_stream_k_study_checks_on_the_interpreter():
+    """``stream_k_study``'s check (poisoned outputs, tolerance, repeat launches) passes for the stream-K and the
+    data-parallel kernels of a small plan on the interpreter, whose last wave is in pieces; case strings parse."""
+    import stream_k_study
+
+    assert stream_k_study.parse_case("28672x8192:fused128:100,128") == (28672, 8192, "fused128", [100, 128])
+    assert stream_k_study.check_on_interpreter() <= 0.05

@@ -180,6 +180,16 @@ def test_stream_k_piece_past_the_first_unit_then_a_ring_wrap():
     assert int(lk.abs().sum()) == 0
 
 
+def test_stream_k_with_one_granule_per_tile_is_the_data_parallel_kernel():
+    """A tile of one k_split round (4 consumers x one 4-chunk stage each at K=1024) cannot be cut: the stream_k
+    kernel takes its workspace arguments but runs the whole tiles (the workspace stays untouched)."""
+    cfg = HopperDequantConfig(block_m=32, consumers=4, stages=8, k_split=True, chunks_per_stage=4, num_sms=3,
+                              consumer_regs=112, producer_regs=24, chunks_per_group=2, stream_k=True)
+    (C,), ref, (ws, lk) = _run(cfg, 320, 1024, 20)
+    assert not torch.isnan(C).any() and ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
+    assert torch.isnan(ws).all() and int(lk.abs().sum()) == 0
+
+
 def test_stream_k_config_errors_and_workspace():
     with pytest.raises(UnsupportedConfigError, match="stream_k=1; valid: True, False"):
         make_dequant_gemm_hopper(None, 128, 512, config=HopperDequantConfig(stream_k=1))

@@ -155,7 +155,9 @@ class HopperDequantConfig:
     sums every piece's slot in K order (the same result whatever order the CTAs finish in) and stores the tile.
     The kernel then takes two more arguments after C (:func:`stream_k_workspace`): the fp32 workspace and the int32
     counters, zero before the first launch (every launch leaves them zero). Launches that share a workspace must not
-    run concurrently (one stream at a time). The grid is always the SM count."""
+    run concurrently (one stream at a time). The grid is always the SM count. A tile of a single k_split round of
+    stages cannot be cut: that kernel runs whole tiles (and ignores the two arguments). Interpreter-tested; not yet
+    timed on the H100, so no default config has it (``docs/perf-notes.md``, sixteenth session)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -540,7 +542,10 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                      f"chunks_per_stage ({CPS}) or block_m ({BT})")
     sms = cfg.num_sms if cfg.num_sms is not None else device_sm_count()
     GN = N // BW
-    if SK:
+    # stream-K needs tiles of at least two granules; with fewer the kernel is the data-parallel one (it still takes
+    # the workspace arguments, unused)
+    SKA = SK and KU // STEP >= 2
+    if SKA:
         # stream-K pieces start and end on whole rounds of the k_split consumers' stages (each consumer then has a
         # unit in every piece, and keeps meeting its own stages), at least 16 chunks of K where there is enough
         MING = -(-16 // (CPS * STEP))
@@ -555,15 +560,15 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     def prologue_into(pre, worker):
         # stream-K: the worker's whole-tile count and tail range, once per CTA (None otherwise)
-        return sched.prologue_into(pre, worker) if SK else None
+        return sched.prologue_into(pre, worker) if SKA else None
 
     def count(worker, pre):
-        return sched.count(worker, pre) if SK else sched.count(worker)
+        return sched.count(worker, pre) if SKA else sched.count(worker)
 
     def item_into(tile, worker, t, pre):
         # (tm, tn, u0, nu, ib, sk, slot) of the worker's t-th item: units [u0, u0 + nu) of tile (tm, tn), unit u is
         # ring iteration ib + u; sk >= 0: a stream-K piece of tail tile sk (workspace slot "slot")
-        if SK:
+        if SKA:
             from tvm.tirx.script.builder import ir as IRB
 
             tm, tn, u0, nu, base, sk, slot = sched.item(worker, t, pre)
@@ -814,9 +819,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 lohi = T.meta_var(sched.pieces(sk, pre))
                 for i in T.unroll(NACC):
                     acc[i] = T.float32(0)
+                part = T.alloc_local((1,), "float32")
                 for w2 in T.serial(lohi[0], lohi[1] + 1):
                     for i in T.unroll(NACC):
-                        acc[i] = acc[i] + WSP[w2, sk - sched.range_start(w2, pre) // NG, r, i, tid]
+                        # other SMs wrote these: a gpu-scope (L1-bypassing) load, ordered after the acquire above
+                        T.ptx.ld.relaxed.gpu.global_.f32(
+                            part[0], WSP.ptr_to([w2, sk - sched.range_start(w2, pre) // NG, r, i, tid]))
+                        acc[i] = acc[i] + part[0]
                 if tid == 0:
                     LKC[sk, r] = 0
         else:
@@ -828,7 +837,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     def store_tile(WSP, LKC, Flag, Cs, cs_slot, c_map, acc, worker, pre, tmn, r, tid):
         # the epilogue of 64-row group r from staging slot cs_slot; with stream_k only where this item completes its
         # tile (its sums are then the tile's)
-        if SK:
+        if SKA:
             fixup(WSP, LKC, Flag, acc, worker, pre, tmn[5], tmn[6], tmn[3], r, tid)
             if Flag[r] != 0:
                 epilogue(Cs, cs_slot, c_map, acc, tmn[0], tmn[1], r, tid)
@@ -885,8 +894,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             roles.producer_setup()
             if T.And(tid % 32 == 0, tid < 32 * NP):
                 p = T.meta_var(tid // 32)         # this producer fills the stages s = p (mod NP), in ring order
-                tile = T.alloc_local((7 if SK else 2,), "int32")
-                pre_r = T.meta_var(T.alloc_local((8,), "int32") if SK else None)
+                tile = T.alloc_local((7 if SKA else 2,), "int32")
+                pre_r = T.meta_var(T.alloc_local((8,), "int32") if SKA else None)
                 pre = T.meta_var(prologue_into(pre_r, worker))
                 if PDL:
                     # the weights are read-only: their first stages' boxes may move into L2 before the wait
@@ -894,7 +903,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         if T.And(p == 0, count(worker, pre) > 0):
                             t0 = T.meta_var(item_into(tile, worker, 0, pre))
                             for u in T.unroll(min(PFS, KU)):
-                                if SK:
+                                if SKA:
                                     if u < t0[3]:
                                         w_map_t.prefetch(w_map, (t0[1] * NB, (t0[2] + u) * CPS, 0))
                                 else:
@@ -954,8 +963,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             opr = T.meta_var(program.alloc_operands() if HOIST else None)
             desc = em.alloc_descriptor()
             em.init_descriptor(desc, Xs, "B")
-            tile = T.alloc_local((7 if SK else 2,), "int32")
-            pre_r = T.meta_var(T.alloc_local((8,), "int32") if SK else None)
+            tile = T.alloc_local((7 if SKA else 2,), "int32")
+            pre_r = T.meta_var(T.alloc_local((8,), "int32") if SKA else None)
             pre = T.meta_var(prologue_into(pre_r, worker))
             for t in T.serial(count(worker, pre)):
                 tmn = T.meta_var(item_into(tile, worker, t, pre))
@@ -963,8 +972,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 tn = T.meta_var(tmn[1])
                 ib = T.meta_var(tmn[4])                     # unit u of this item is ring iteration ib + u
                 first = T.meta_var(plus(tmn[2], c if KS else 0))
-                KC = T.meta_var(KU // STEP if not SK else tmn[3] // STEP)     # this consumer's units of the item
-                PAIRS = T.meta_var((KC - 1) // 2 if not SK else (tmn[3] - STEP) // (2 * STEP))
+                KC = T.meta_var(KU // STEP if not SKA else tmn[3] // STEP)     # this consumer's units of the item
+                PAIRS = T.meta_var((KC - 1) // 2 if not SKA else (tmn[3] - STEP) // (2 * STEP))
                 if INF == 0:
                     for j in T.serial(KC):
                         unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
@@ -1010,7 +1019,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         for o in T.unroll(NC - 2):
                             ring.consumer_release(last_unit(ib, tmn[2], KC, o + 2))
                         s1 = T.meta_var(ring.stage(last_unit(ib, tmn[2], KC, 1)))
-                        if SK:
+                        if SKA:
                             fixup(WSP, LKC, Flag, acc, worker, pre, tmn[5], tmn[6], tmn[3], 0, tid)
                             if Flag[0] != 0:
                                 epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
