@@ -6,7 +6,8 @@ bits (no fp16 scratch as in ``dense`` paths).
 Like :mod:`mmaemit.kernels.dequant_gemm_wgmma` it computes ``C^T = W @ A^T``: the decoded weights are the
 register-sourced A operand of ``wgmma`` (RS form), the activations the shared-memory B operand.
 
-Per CTA (persistent, ``PersistentTileScheduler``), per output tile of ``block_m`` activation rows x
+Per CTA (persistent, ``PersistentTileScheduler``; with ``stream_k`` the last wave's stages in per-CTA ranges,
+``StreamKScheduler``), per output tile of ``block_m`` activation rows x
 ``64 * consumers`` weight rows, per ring stage of ``chunks_per_stage`` 64-wide K chunks:
 
 * producer warpgroup (one elected thread, or two filling alternate stages with ``producers=2``): waits for a free
