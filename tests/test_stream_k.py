@@ -218,6 +218,24 @@ def test_dispatcher_passes_the_stream_k_workspace_on_the_interpreter():
     assert not torch.isnan(C).any() and ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
 
 
+@pytest.mark.parametrize("path, M", [("fused48", 40), ("fused96", 70), ("fused256k", 250)])
+def test_default_rings_with_stream_k_on_the_interpreter(path, M):
+    """The plan's own rings with stream_k, through ``DequantGemm`` on 5 CTAs (512 x 1024 weights: 8 tiles of 64
+    rows, so 3 go out in pieces): two chunks per wgmma group (fused48), lookahead with fit_rows (fused96), in_flight 0
+    (fused256k)."""
+    from mmaemit.kernels.dequant_dispatch import _DEFAULTS, DequantGemm
+
+    g = torch.Generator().manual_seed(M)
+    qw = D.quantize(torch.randn(512, 1024, generator=g).half(), D.QuantScheme("int4", 128))
+    tensors, kw = kernel_arguments(qw)
+    cfg = dataclasses.replace(_DEFAULTS[path], num_sms=5, stream_k=True)
+    dg = DequantGemm(512, 1024, arch="sm_90a", interpret=True, configs={path: cfg}, **kw)
+    x = torch.randn(M, 1024, generator=g).half()
+    C = dg.run_path(path, x, *tensors, out=torch.full((M, 512), float("nan"), dtype=torch.float16))
+    ref = x.double() @ qw.dequantize().double().T
+    assert not torch.isnan(C).any() and ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the GPU
 # ---------------------------------------------------------------------------------------------------------------------
