@@ -23,13 +23,13 @@ from mmaemit.pipeline import PersistentTileScheduler, StreamKScheduler
 # ---------------------------------------------------------------------------------------------------------------------
 
 def _walk(s: StreamKScheduler):
-    """Every item of every worker: each (tile, unit) covered once, ring positions contiguous per worker, pieces of a
-    tail tile from consecutive workers in K order (what :meth:`pieces` names), slots as documented."""
+    """Every item of every worker: each (tile, unit) covered once, ring positions (ring0 + u0) contiguous per worker,
+    pieces of a tail tile from consecutive workers in K order (what :meth:`pieces` names), slots as documented."""
     cover, pieces = {}, {}
     for w in range(s.workers):
         base = 0
         for tm, tn, u0, nu, b, sk, slot in s.plan(w):
-            assert b == base and nu > 0 and nu % s.granule == 0 and u0 % s.granule == 0 and u0 + nu <= s.units
+            assert b + u0 == base and nu > 0 and nu % s.granule == 0 and u0 % s.granule == 0 and u0 + nu <= s.units
             assert slot in (0, 1)
             for u in range(u0, u0 + nu):
                 assert (tm, tn, u) not in cover

@@ -545,7 +545,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     GN = N // BW
     # stream-K needs tiles of at least two granules; with fewer the kernel is the data-parallel one (it still takes
     # the workspace arguments, unused)
-    SKA = SK and KU // STEP >= 2
+    NG = KU // STEP                       # stream-K granules (k_split rounds of stages) per tile
+    SKA = SK and NG >= 2
     if SKA:
         # stream-K pieces start and end on whole rounds of the k_split consumers' stages (each consumer then has a
         # unit in every piece, and keeps meeting its own stages), at least 16 chunks of K where there is enough
@@ -557,7 +558,6 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         GM = -(-M // BT)
         sched = PersistentTileScheduler(GM, GN, max(1, min(sms, GM * GN)), cfg.panel, 1)
     NW = sched.workers
-    NG = KU // STEP                       # stream-K granules (k_split rounds of stages) per tile
 
     def prologue_into(pre, worker):
         # stream-K: the worker's whole-tile count and tail range, once per CTA (None otherwise)
@@ -570,12 +570,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # (tm, tn, u0, nu, ib, sk, slot) of the worker's t-th item: units [u0, u0 + nu) of tile (tm, tn), unit u is
         # ring iteration ib + u; sk >= 0: a stream-K piece of tail tile sk (workspace slot "slot")
         if SKA:
-            from tvm.tirx.script.builder import ir as IRB
-
-            tm, tn, u0, nu, base, sk, slot = sched.item(worker, t, pre)
-            for i, v in enumerate((tm, tn, u0, nu, base - u0, sk, slot)):
-                IRB.buffer_store(tile, v, [i])
-            return tuple(tile[i] for i in range(7))
+            return sched.item_into(tile, worker, t, pre)
         tm, tn = sched.tile_into(tile, worker, t)
         return tm, tn, 0, KU, t * KU, -1, 0
     # every consumer thread arrives: each reads its words of the stage with ld.shared (not only the async proxy)
@@ -763,7 +758,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     def unit(Ss, Zs, Ws, acc, afa, afb, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib, u, first, c, warp,
              lane, g, q, final=False):
         # ring stage u of the item (chunks kt = CPS u .. CPS u + CPS - 1; ring iteration ib + u); first: this
-        # consumer's first unit of the item (u0, or u0 + c with k_split); its previous one is u - STEP. CPS = 1: chunk on afa (the caller alternates the buffers);
+        # consumer's first unit of the item (u0, or u0 + c with k_split); its previous one is u - STEP. CPS = 1: chunk
+        # on afa (the caller alternates the buffers);
         # CPS = 2, 4: the chunks alternate afa / afb, so every unit starts on afa; chunks_per_group=2: chunks 0, 1 on
         # afa / afb, chunks 2, 3 on afc / afd
         it = T.meta_var(ib + u)
@@ -1016,7 +1012,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     if c == 0:
                         for i in T.unroll(NACC):
                             for o in T.unroll(NC - 1):
-                                acc[i] = acc[i] + RedS[ring.stage(last_unit(ib, tmn[2], KC, o + 1)) * (CPS // 2), i, tid]
+                                kept = T.meta_var(ring.stage(last_unit(ib, tmn[2], KC, o + 1)))
+                                acc[i] = acc[i] + RedS[kept * (CPS // 2), i, tid]
                         for o in T.unroll(NC - 2):
                             ring.consumer_release(last_unit(ib, tmn[2], KC, o + 2))
                         s1 = T.meta_var(ring.stage(last_unit(ib, tmn[2], KC, 1)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LayoutError, TileShapeError, UnsupportedConfigError, choices
+from ..exprs import imin, select
 
 __all__ = ["RASTER_ORDERS", "RasterOrder", "RowMajorRaster", "PanelRaster", "GroupedRaster", "raster_order",
            "panel_swizzle", "wave_footprint_bytes", "choose_raster", "L2_BYTES"]
@@ -41,22 +42,6 @@ def _is_int(x) -> bool:
 def _is_expr(x) -> bool:
     """A TIR integer expression (a symbolic grid extent), not a Python int."""
     return not _is_int(x) and type(x).__module__.startswith("tvm")
-
-
-def _min(a, b):
-    if _is_int(a) and _is_int(b):
-        return min(a, b)
-    from tvm.script import tirx as T
-
-    return T.min(a, b)
-
-
-def _select(cond, a, b):
-    if isinstance(cond, (bool, np.bool_)):
-        return a if cond else b
-    from tvm.script import tirx as T
-
-    return T.Select(cond, a, b)
 
 
 class RasterOrder:
@@ -171,18 +156,18 @@ class PanelRaster(RasterOrder):
         index = pid // per_panel
         first_m = index * p
         last = self.grid_m - (self.grid_m // p) * p   # rows in the final, shorter panel (0 if none)
-        rows = p if last == 0 else _select(first_m + p > self.grid_m, last, p)
+        rows = p if last == 0 else select(first_m + p > self.grid_m, last, p)
         local = pid % per_panel
         col = local // rows
         if self.serpentine:
-            col = _select(index % 2 == 1, gn - 1 - col, col)
+            col = select(index % 2 == 1, gn - 1 - col, col)
         return first_m + local % rows, col
 
     def _forward_symbolic(self, pid):
         # the same order with grid_m a TIR expression: the panel height and the last panel's rows are run-time values
         from tvm.script import tirx as T
 
-        p = _min(self.panel, self.grid_m)
+        p = imin(self.panel, self.grid_m)
         gn = self.grid_n
         index = pid // (p * gn)
         first_m = index * p
@@ -226,12 +211,12 @@ class GroupedRaster(RasterOrder):
         gm, gn = self.grid_m, self.grid_n
         first_m = pid // (gr * gn) * gr
         last_r, last_c = gm % gr, gn % gc
-        rows = gr if last_r == 0 else _select(first_m + gr > gm, last_r, gr)
+        rows = gr if last_r == 0 else select(first_m + gr > gm, last_r, gr)
         # remainders, not pid - first_m * gn: TVM's simplifier would expand the difference into products of the
         # caller's strides that overflow int32 literals on large grids (16384 x 16384 C tiles of 128)
         local = pid % (gr * gn)
         first_n = local // (rows * gc) * gc
-        cols = gc if last_c == 0 else _select(first_n + gc > gn, last_c, gc)
+        cols = gc if last_c == 0 else select(first_n + gc > gn, last_c, gc)
         within = local % (rows * gc)
         return first_m + within // cols, first_n + within % cols
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import TileShapeError, UnsupportedConfigError
+from ..exprs import both, imax, imin, is_int, select
 from ..layouts.raster import panel_swizzle
 
 __all__ = ["PersistentTileScheduler", "StreamKScheduler"]
@@ -67,46 +68,6 @@ class PersistentTileScheduler:
         return regs[0], regs[1]
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _ints(*xs) -> bool:
-    return all(_is_int(x) or isinstance(x, bool) for x in xs)
-
-
-def _min(a, b):
-    if _ints(a, b):
-        return min(a, b)
-    from tvm.script import tirx as T
-
-    return T.min(a, b)
-
-
-def _max(a, b):
-    if _ints(a, b):
-        return max(a, b)
-    from tvm.script import tirx as T
-
-    return T.max(a, b)
-
-
-def _select(cond, a, b):
-    if isinstance(cond, bool):
-        return a if cond else b
-    from tvm.script import tirx as T
-
-    return T.Select(cond, a, b)
-
-
-def _and(a, b):
-    if isinstance(a, bool) and isinstance(b, bool):
-        return a and b
-    from tvm.script import tirx as T
-
-    return T.And(a, b)
-
-
 @dataclass(frozen=True)
 class StreamKScheduler:
     """Persistent tiles with a stream-K tail: where the last wave of whole tiles would leave SMs idle, its tiles' K
@@ -115,19 +76,20 @@ class StreamKScheduler:
     ``grid_m x grid_n`` output tiles of ``units`` K units each (ring stages) over ``workers`` persistent CTAs.
     With ``R = tiles % workers`` tiles in the last wave, stream-K applies when ``0 < R <= workers * 9 / 10``
     (``threshold``; the data-parallel last wave would leave a tenth or more of the SMs idle; evaluated at run time
-    for a symbolic ``grid_m``) and a tile has at least two granules. Then every worker first takes ``D = tiles // workers`` whole tiles (``w, w + workers,
-    ...`` as :class:`PersistentTileScheduler`, the same panel order), and the last ``R`` tiles are cut into
-    ``granule``-unit granules (``R * units / granule`` of them, in tile then K order), dealt as contiguous ranges to
-    the first ``sk_workers`` workers (all of them, or fewer so that each range holds at least ``min_granules``).
-    A range that lies inside one tile is one *piece*; one that crosses a tile boundary is two (never more: a range
-    never holds more granules than a tile). A piece that is not a whole tile writes fp32 partial sums to its own
-    workspace slot (worker, item - D) and adds its granule count to the tile's counter; the piece whose add completes
-    the tile (the last to arrive, whoever that is) sums every piece's slot in K order (:meth:`pieces`: the same
-    sum whatever the arrival order, so results are deterministic) and stores the tile. Nobody waits for anybody, so
-    no co-residency of the CTAs is needed.
+    for a symbolic ``grid_m``) and a tile has at least two granules. Then every worker first takes
+    ``D = tiles // workers`` whole tiles (``w, w + workers, ...`` as :class:`PersistentTileScheduler`, the same panel
+    order), and the last ``R`` tiles are cut into ``granule``-unit granules (``S = R * units / granule`` of them, in
+    tile then K order), dealt as contiguous ranges to the first ``WS`` workers (all of them, or fewer so that each
+    range holds at least ``min_granules``, capped at half a tile). A range that lies inside one tile is one *piece*;
+    one that crosses a tile boundary is two (never more: a range never holds more granules than a tile). A piece
+    that is not a whole tile writes fp32 partial sums to its own workspace slot (worker, item - D) and adds its
+    granule count to the tile's counter; the piece whose add completes the tile (the last to arrive, whoever that
+    is) sums every piece's slot in K order (:meth:`pieces`: the same sum whatever the arrival order, so results are
+    deterministic) and stores the tile. Nobody waits for anybody, so no co-residency of the CTAs is needed.
 
     Without stream-K (``R == 0``, or a last wave that fills the GPU) the items are :class:`PersistentTileScheduler`'s.
-    Every formula works on Python ints (host-side planning and tests) and on TIR expressions (in the kernel)."""
+    Every formula works on Python ints (host-side planning and tests) and on TIR expressions (in the kernel,
+    :mod:`mmaemit.exprs`)."""
 
     grid_m: object
     grid_n: int
@@ -139,17 +101,16 @@ class StreamKScheduler:
     threshold: tuple = (9, 10)
 
     def __post_init__(self):
-        if not _is_int(self.units) or self.units < 1 or not _is_int(self.granule) or self.granule < 1 \
+        if not is_int(self.units) or self.units < 1 or not is_int(self.granule) or self.granule < 1 \
                 or self.units % self.granule:
             raise TileShapeError(f"units={self.units} per tile must be a positive multiple of granule={self.granule}")
-        if not _is_int(self.min_granules) or self.min_granules < 1:
+        if not is_int(self.min_granules) or self.min_granules < 1:
             raise UnsupportedConfigError(f"min_granules={self.min_granules} must be an int >= 1")
         num, den = self.threshold
-        if not (_is_int(num) and _is_int(den) and 0 < num <= den):
+        if not (is_int(num) and is_int(den) and 0 < num <= den):
             raise UnsupportedConfigError(f"threshold={self.threshold} must be (num, den) with 0 < num <= den")
         PersistentTileScheduler(self.grid_m, self.grid_n, self.workers, self.panel)     # the same checks
 
-    # ------------------------------------------------------------------------------------------------ the split
     @property
     def tiles(self):
         return self.grid_m * self.grid_n
@@ -158,56 +119,28 @@ class StreamKScheduler:
     def granules_per_tile(self) -> int:
         return self.units // self.granule
 
-    @property
-    def tail(self):
-        """R: the tiles of the last wave (tiles % workers)."""
-        return self.tiles % self.workers
-
-    @property
-    def streamed(self):
-        """Whether the stream-K tail applies (a bool, or a TIR condition for a symbolic ``grid_m``)."""
+    # ------------------------------------------------------------------------------------------------ the split
+    def _prologue(self, worker, put):
+        # the split, one value per step; put(i, v) keeps step i (a register in the kernel) and returns what later
+        # steps read
         num, den = self.threshold
-        r = self.tail
-        if self.granules_per_tile < 2:
-            return False                  # a tile of one granule cannot be split
-        return _and(r > 0, r * den <= self.workers * num)
+        W, ng = self.workers, self.granules_per_tile
+        least = min(self.min_granules, max(1, ng // 2))
+        tiles = put(0, self.tiles)
+        tail = put(1, tiles % W)                                          # R
+        on = put(2, select(both(tail > 0, tail * den <= W * num), 1, 0) if ng > 1 else 0)
+        D = put(3, select(on != 0, tiles // W, (tiles - worker + W - 1) // W))
+        S = put(4, tail * ng)
+        WS = put(5, imin(W, imax(1, S // least)))
+        gb = put(6, imin(worker, WS) * S // WS)
+        ge = put(7, imin(worker + 1, WS) * S // WS)
+        return D, on, gb, ge, S, WS
 
-    @property
-    def whole_rounds(self):
-        """D: whole tiles per worker before the stream-K tail (every worker has D)."""
-        return self.tiles // self.workers
-
-    @property
-    def tail_granules(self):
-        """S: granules of the tail tiles."""
-        return self.tail * self.granules_per_tile
-
-    @property
-    def sk_workers(self):
-        """Workers that take a range of the tail (each at least ``min_granules``, and at most ``workers``)."""
-        least = min(self.min_granules, max(1, self.granules_per_tile // 2))
-        return _min(self.workers, _max(1, self.tail_granules // least))
-
-    def range_start(self, worker, pre=None):
-        """The first tail granule of ``worker`` (its range ends where worker + 1's starts; empty past sk_workers;
-        ``pre``: any worker's :meth:`prologue`, for S and sk_workers)."""
-        S, WS = (self.tail_granules, self.sk_workers) if pre is None else pre[4:6]
-        return _min(worker, WS) * S // WS
-
-    def worker_of(self, granule, pre=None):
-        """The worker whose range holds tail granule ``granule`` (the inverse of :meth:`range_start`)."""
-        S, WS = (self.tail_granules, self.sk_workers) if pre is None else pre[4:6]
-        return ((granule + 1) * WS + S - 1) // S - 1
-
-    # ------------------------------------------------------------------------------------------------ items
     def prologue(self, worker) -> tuple:
-        """(D, streamed, range start, range end, S, sk_workers) of ``worker``: what its items derive from (D: its
-        whole tiles before the tail, or every tile's round without stream-K; the range: its tail granules; S: the
-        tail's granules)."""
-        on = self.streamed
-        plain = (self.tiles - worker + self.workers - 1) // self.workers
-        return (_select(on, self.whole_rounds, plain), _select(on, 1, 0), self.range_start(worker),
-                self.range_start(worker + 1), self.tail_granules, self.sk_workers)
+        """(D, streamed, range start, range end, S, WS) of ``worker``: what its items derive from (D: its whole tiles
+        before the tail, or every tile's round without stream-K; streamed: 1 or 0; the range: its tail granules;
+        S: the tail's granules; WS: the workers with a range)."""
+        return self._prologue(worker, lambda i, v: v)
 
     def prologue_into(self, regs, worker) -> tuple:
         """Emit :meth:`prologue` into ``regs`` (an int32 local buffer of 8), once per CTA, one step per register (so
@@ -215,50 +148,55 @@ class StreamKScheduler:
         :meth:`pieces`."""
         from tvm.tirx.script.builder import ir as IRB
 
-        num, den = self.threshold
-        W, ng = self.workers, self.granules_per_tile
-        least = min(self.min_granules, max(1, ng // 2))
-
         def put(i, v):
             IRB.buffer_store(regs, v, [i])
             return regs[i]
+        return self._prologue(worker, put)
 
-        tiles = put(0, self.tiles)
-        tail = put(1, tiles % W)
-        on = put(2, _select(_and(tail > 0, tail * den <= W * num), 1, 0) if ng > 1 else 0)
-        D = put(3, _select(on != 0, tiles // W, (tiles - worker + W - 1) // W))
-        S = put(4, tail * ng)
-        WS = put(5, _min(W, _max(1, S // least)))
-        gb = put(6, _min(worker, WS) * S // WS)
-        ge = put(7, _min(worker + 1, WS) * S // WS)
-        return D, on, gb, ge, S, WS
+    @property
+    def streamed(self):
+        """Whether the stream-K tail applies (a bool, or a TIR condition for a symbolic ``grid_m``)."""
+        on = self.prologue(0)[1]
+        return bool(on) if is_int(on) else on != 0
 
+    def range_start(self, worker, pre=None):
+        """The first tail granule of ``worker`` (its range ends where worker + 1's starts; empty past WS; ``pre``:
+        any worker's :meth:`prologue`, for S and WS)."""
+        S, WS = (pre or self.prologue(0))[4:6]
+        return imin(worker, WS) * S // WS
+
+    def worker_of(self, granule, pre=None):
+        """The worker whose range holds tail granule ``granule`` (the inverse of :meth:`range_start`)."""
+        S, WS = (pre or self.prologue(0))[4:6]
+        return ((granule + 1) * WS + S - 1) // S - 1
+
+    # ------------------------------------------------------------------------------------------------ items
     def count(self, worker, pre=None):
         """How many work items (whole tiles and pieces) ``worker`` processes (``pre``: its :meth:`prologue`)."""
-        D, on, g0, g1 = (pre if pre is not None else self.prologue(worker))[:4]
+        D, on, g0, g1 = (pre or self.prologue(worker))[:4]
         ng = self.granules_per_tile
-        tail = _select(g1 > g0, (_max(g1, 1) - 1) // ng - g0 // ng + 1, 0)
-        return _select(on != 0, D + tail, D) if not isinstance(on, int) else (D + tail if on else D)
+        tail = select(g1 > g0, (imax(g1, 1) - 1) // ng - g0 // ng + 1, 0)
+        return select(on != 0, D + tail, D)
 
     def item(self, worker, t, pre=None):
-        """(tile_m, tile_n, u0, nu, base, sk, slot) of item ``t`` of ``worker`` (``pre``: its :meth:`prologue`): the
-        tile, its K units [u0, u0 + nu), ``base``: the worker's units before this item (its ring position: unit u of
-        the item is ring iteration base + u - u0), ``sk``: the tail tile's index (-1: a whole tile, nothing to
-        combine) and the item's workspace slot (0 or 1; meaningful for sk >= 0)."""
+        """(tile_m, tile_n, u0, nu, ring0, sk, slot) of item ``t`` of ``worker`` (``pre``: its :meth:`prologue`): the
+        tile, its K units [u0, u0 + nu), ``ring0``: where the item sits in the worker's sequence of units (unit u of
+        the item is the worker's unit ring0 + u: its ring iteration), ``sk``: the tail tile's index (-1: a whole
+        tile, nothing to combine) and the item's workspace slot (0 or 1; meaningful for sk >= 0)."""
         ng, gr, W, KU = self.granules_per_tile, self.granule, self.workers, self.units
-        D, on, gb, ge = (pre if pre is not None else self.prologue(worker))[:4]
+        D, on, gb, ge = (pre or self.prologue(worker))[:4]
         in_tail = t >= D          # only with stream-K: D is then the whole tiles, else every item's round
         slot = t - D
         r = gb // ng + slot
-        g0 = _max(gb, r * ng)
-        g1 = _min(ge, r * ng + ng)
-        linear = _select(in_tail, D * W + r, worker + t * W)
+        g0 = imax(gb, r * ng)
+        g1 = imin(ge, r * ng + ng)
+        linear = select(in_tail, D * W + r, worker + t * W)
         tm, tn = panel_swizzle(linear, self.grid_m, self.grid_n, self.panel)
-        u0 = _select(in_tail, (g0 - r * ng) * gr, 0)
-        nu = _select(in_tail, (g1 - g0) * gr, KU)
-        base = _select(in_tail, D * KU + (g0 - gb) * gr, t * KU)
-        sk = _select(in_tail, _select(g1 - g0 == ng, -1, r), -1)
-        return tm, tn, u0, nu, base, sk, _select(in_tail, slot, 0)
+        u0 = select(in_tail, (g0 - r * ng) * gr, 0)
+        nu = select(in_tail, (g1 - g0) * gr, KU)
+        ring0 = select(in_tail, D * KU + (r * ng - gb) * gr, t * KU)
+        sk = select(in_tail, select(g1 - g0 == ng, -1, r), -1)
+        return tm, tn, u0, nu, ring0, sk, select(in_tail, slot, 0)
 
     def item_into(self, regs, worker, t, pre=None):
         """Emit ``regs[0..6] = item(worker, t, pre)`` (``regs``: an int32 local buffer of 7) and return the register
@@ -277,6 +215,6 @@ class StreamKScheduler:
 
     def plan(self, worker) -> list:
         """The items of ``worker`` as Python tuples (ints only; for tests and pictures)."""
-        if not _is_int(self.grid_m):
+        if not is_int(self.grid_m):
             raise TileShapeError("plan() needs an int grid_m")
         return [self.item(worker, t) for t in range(self.count(worker))]
