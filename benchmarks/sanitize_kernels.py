@@ -226,7 +226,8 @@ def dequant_stream_k():
     from mmaemit.kernels.dequant_dispatch import _DEFAULTS, DequantGemm
 
     tensors, kw, w = _int4_weights(512, 1024)
-    cfgs = {p: dataclasses.replace(_DEFAULTS[p], num_sms=5, stream_k=True)
+    cfgs = {p: dataclasses.replace(_DEFAULTS[p], num_sms=5, stream_k=True, stream_k_min_chunks=0,
+                                   stream_k_waves=None)
             for p in ("fused64", "fused128", "fused128x2")}
     dg = DequantGemm(512, 1024, arch="sm_90a", configs=cfgs, **kw)
     ok = True

@@ -34,8 +34,20 @@ def parse_case(text: str):
     return n, k, path, [int(m) for m in ms.split(",")]
 
 
-def plans(cases, dtype: str, weight_format="int4", arch="sm_90a", interpret=False, num_sms=None):
-    """{(N, K, path, stream_k): DequantGemm} with the path's default config, stream_k off and on."""
+def parse_setting(text: str):
+    """``"field=value"`` -> (field, value): a Python literal where the value is one, else the string."""
+    import ast
+
+    key, value = text.split("=", 1)
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def plans(cases, dtype: str, weight_format="int4", arch="sm_90a", interpret=False, num_sms=None, overrides=None):
+    """{(N, K, path, stream_k): DequantGemm} with the path's default config (``overrides``: fields replaced in both),
+    stream_k off and on."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
 
     out = {}
@@ -43,6 +55,8 @@ def plans(cases, dtype: str, weight_format="int4", arch="sm_90a", interpret=Fals
         base = DequantGemm(n, k, 128, dtype, weight_format=weight_format, arch=arch, interpret=interpret).configs[path]
         if num_sms is not None:
             base = dataclasses.replace(base, num_sms=num_sms)
+        if overrides:
+            base = dataclasses.replace(base, **overrides)
         for sk in (False, True):
             out[(n, k, path, sk)] = DequantGemm(n, k, 128, dtype, weight_format=weight_format, arch=arch,
                                                 interpret=interpret,
@@ -72,18 +86,18 @@ def check_on_interpreter(N=320, K=2048, M=20, path="fused32", num_sms=3):
     data-parallel kernels both within tolerance; returns their largest difference."""
     from mmaemit import dequant as D
     from mmaemit.dequant.kernel_layout import kernel_arguments
-    from mmaemit.pipeline import StreamKScheduler
+    from mmaemit.kernels.dequant_gemm_hopper import stream_k_scheduler
 
     g = torch.Generator().manual_seed(0)
     qw = D.quantize(torch.randn(N, K, generator=g).half(), D.QuantScheme("int4", 128))
     tensors, _ = kernel_arguments(qw)
     A = torch.randn(M, K, generator=g).half()
     ref = A.float() @ qw.dequantize().float().T
-    objs = plans([(N, K, path, [M])], "float16", interpret=True, num_sms=num_sms)
+    # stream_k_min_chunks=0: a tail at this small K (the H100 default wants pieces that save 48 chunks)
+    objs = plans([(N, K, path, [M])], "float16", interpret=True, num_sms=num_sms,
+                 overrides=dict(stream_k_min_chunks=0, stream_k_waves=None))
     cfg = objs[(N, K, path, True)].configs[path]
-    steps = K // 64 // cfg.chunks_per_stage
-    step = cfg.consumers if cfg.k_split else 1
-    sched = StreamKScheduler(-(-M // cfg.block_m), N // cfg.weight_rows, num_sms, steps, step)
+    sched = stream_k_scheduler(cfg, -(-M // cfg.block_m), N, K)
     if not sched.streamed:
         raise AssertionError(f"{N}x{K} {path} on {num_sms} SMs has no stream-K tail")
     outs = []
@@ -101,7 +115,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hang-s", type=float, default=30.0, help="watchdog for each check launch (seconds)")
     ap.add_argument("--workers", type=int, default=16, help="parallel kernel builds")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="HopperDequantConfig fields replaced in both kernels of every case, e.g. handover=parallel")
     args = ap.parse_args(argv)
+    overrides = dict(parse_setting(s) for s in args.set)
     if not torch.cuda.is_available():
         raise SystemExit("stream_k_study needs a CUDA GPU (check_on_interpreter() runs without one)")
     from mmaemit import dequant as D
@@ -110,7 +127,7 @@ def main(argv=None):
     from mmaemit.runtime.timing import copies_needed, time_rotating
 
     cases = [parse_case(c) for c in args.cases]
-    objs = plans(cases, args.dtype)
+    objs = plans(cases, args.dtype, overrides=overrides)
     t0 = time.time()
     _build_in_workers([(o.spec(), key[2]) for key, o in objs.items()], workers=args.workers)
     print(f"built {len(objs)} kernels in {time.time() - t0:.0f} s", flush=True)

@@ -516,10 +516,16 @@ def test_one_wave_tiles_on_the_interpreter(path, fmt, zeros, dtype, M):
     qw = D.quantize(torch.randn(128, 1024, generator=g).to(dtype), D.QuantScheme(fmt, 128, zeros))
     tensors, kw = kernel_arguments(qw)
     A = torch.randn(M, 1024, generator=g).to(dtype)
-    func, _ = make_dequant_gemm_hopper(None, 128, 1024, dtype=str(dtype)[6:],
-                                       config=dataclasses.replace(cfg, num_sms=2), **kw)
+    small = dataclasses.replace(cfg, num_sms=2)
+    func, _ = make_dequant_gemm_hopper(None, 128, 1024, dtype=str(dtype)[6:], config=small, **kw)
     C = torch.full((M, 128), float("nan"), dtype=dtype)
-    assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
+    extra = ()
+    if small.stream_k:          # the plan's default (STREAM_K_PATHS): the kernel takes its workspace after C
+        from mmaemit.kernels.dequant_gemm_hopper import stream_k_workspace
+
+        (ws, _), (lk, _) = stream_k_workspace(small)
+        extra = (torch.zeros(ws), torch.zeros(lk, dtype=torch.int32))
+    assert mmaemit.interpret(func, A, *tensors, C, *extra, arch="sm_90a").ok
     assert not torch.isnan(C).any()
     assert _rel(C, A.double() @ qw.dequantize().double().T) < _tol(dtype)
     if fmt == "int4" or path in ("fused224", "fused256k"):     # once per path

@@ -14,7 +14,8 @@ import mmaemit
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
 from mmaemit.errors import TileShapeError, UnsupportedConfigError
-from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig, make_dequant_gemm_hopper, stream_k_workspace
+from mmaemit.kernels.dequant_gemm_hopper import (HopperDequantConfig, make_dequant_gemm_hopper, stream_k_scheduler,
+                                                stream_k_workspace)
 from mmaemit.pipeline import PersistentTileScheduler, StreamKScheduler
 
 
@@ -79,6 +80,38 @@ def test_stream_k_scheduler_balances_the_last_wave():
         StreamKScheduler(1, 8, 4, 6, 4)
     with pytest.raises(UnsupportedConfigError, match="threshold"):
         StreamKScheduler(1, 8, 4, 8, 2, threshold=(3, 2))
+
+
+def test_stream_k_applies_only_where_the_busiest_sm_saves_enough():
+    # min_saved: 64 tiles of 16 units on 132 workers save 8 units of the busiest (16 -> 8)
+    assert StreamKScheduler(1, 64, 132, 16, 2, min_saved=8).streamed
+    assert not StreamKScheduler(1, 64, 132, 16, 2, min_saved=9).streamed
+    s = StreamKScheduler(1, 64, 132, 16, 2, min_saved=9)
+    assert [len(s.plan(w)) for w in range(132)] == [1] * 64 + [0] * 68      # the data-parallel items
+    with pytest.raises(UnsupportedConfigError, match="min_saved"):
+        StreamKScheduler(1, 8, 4, 8, 2, min_saved=-1)
+    # the kernel's rule (stream_k_min_chunks=48) on the H100's 132 SMs, where it was measured (docs/perf-notes.md,
+    # seventeenth session): stream-K lost at 4096 x 4096 (saves 32 chunks) and 14336 x 4096 fused128 (16), won at
+    # 4096 x 7168 (56), 4096 x 14336 (112) and 1024 x 4096 (48)
+    from mmaemit.kernels.dequant_dispatch import _DEFAULTS
+
+    def on(path, N, K, M):
+        cfg = dataclasses.replace(_DEFAULTS[path], stream_k=True, num_sms=132)
+        return stream_k_scheduler(cfg, -(-M // cfg.block_m), N, K).streamed
+    assert not on("fused64", 4096, 4096, 64) and not on("fused128", 4096, 4096, 128)
+    assert not on("fused128", 14336, 4096, 128) and not on("fused128", 8192, 8192, 128)
+    assert on("fused64", 4096, 7168, 64) and on("fused64", 4096, 14336, 64) and on("fused64", 1024, 4096, 64)
+    assert on("fused256k", 4096, 14336, 256) and on("fused256", 4096, 14336, 512)
+    # stream_k_waves=0: 28672 x 8192 (3 whole waves, then 52 tiles) stays data-parallel (power-capped there: evening
+    # out the last wave lowered the clock instead of the time); with any number of waves allowed it streams
+    assert not on("fused128", 28672, 8192, 128)
+    cfg = dataclasses.replace(_DEFAULTS["fused128"], stream_k=True, num_sms=132, stream_k_waves=None)
+    assert stream_k_scheduler(cfg, 1, 28672, 8192).streamed
+    assert not StreamKScheduler(1, 5, 3, 16, 2, max_whole=0).streamed and StreamKScheduler(1, 5, 3, 16, 2).streamed
+    with pytest.raises(UnsupportedConfigError, match="max_whole"):
+        StreamKScheduler(1, 8, 4, 8, 2, max_whole=-1)
+    with pytest.raises(TileShapeError, match="multiple of 64"):
+        stream_k_scheduler(_DEFAULTS["fused64"], 1, 4000, 4096)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -154,7 +187,7 @@ def test_stream_k_matches_the_float64_product(name, N, K, M, fmt, zeros, cfg):
     one that started them). Outputs: poisoned, fully written, within fp16 rounding of the float64 product, within a
     few fp16 ulps of the data-parallel kernel (another summation order), identical on a second launch (the order is
     fixed whoever finishes last); the counters are zero after each launch."""
-    cfg = HopperDequantConfig(**{"num_sms": 3, **cfg})
+    cfg = HopperDequantConfig(**{"num_sms": 3, "stream_k_min_chunks": 0, "stream_k_waves": None, **cfg})
     (dp,), ref, _ = _run(cfg, N, K, M, fmt, zeros)
     outs, _, (ws, lk) = _run(dataclasses.replace(cfg, stream_k=True), N, K, M, fmt, zeros, runs=2)
     for C in outs:
@@ -174,7 +207,7 @@ def test_stream_k_piece_past_the_first_unit_then_a_ring_wrap():
     s = StreamKScheduler(1, 5, 3, 16, 2, 16, 4)
     assert [it[2:4] for it in s.plan(1)[1:]] == [(10, 6), (0, 4)]
     cfg = HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=3,
-                              handover="stage", stream_k=True)
+                              handover="stage", stream_k=True, stream_k_min_chunks=0, stream_k_waves=None)
     (C,), ref, (_, lk) = _run(cfg, 320, 2048, 20)
     assert not torch.isnan(C).any() and ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
     assert int(lk.abs().sum()) == 0
@@ -190,9 +223,24 @@ def test_stream_k_with_one_granule_per_tile_is_the_data_parallel_kernel():
     assert torch.isnan(ws).all() and int(lk.abs().sum()) == 0
 
 
+def test_stream_k_tail_too_short_to_pay_runs_whole_tiles():
+    """The same 5 tiles on 3 CTAs as the cases above, with the default stream_k_min_chunks (48): the busiest CTA
+    would save 4 of a tile's 16 chunks (K=1024), so the run-time rule keeps the launch data-parallel (the workspace
+    stays untouched, the counters zero) and the result is right."""
+    cfg = HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=3,
+                              stream_k=True, stream_k_waves=None)
+    (C,), ref, (ws, lk) = _run(cfg, 320, 1024, 20)
+    assert not torch.isnan(C).any() and ((C.double() - ref).norm() / ref.norm()).item() < 2e-3
+    assert torch.isnan(ws).all() and int(lk.abs().sum()) == 0
+
+
 def test_stream_k_config_errors_and_workspace():
     with pytest.raises(UnsupportedConfigError, match="stream_k=1; valid: True, False"):
         make_dequant_gemm_hopper(None, 128, 512, config=HopperDequantConfig(stream_k=1))
+    with pytest.raises(UnsupportedConfigError, match="stream_k_min_chunks=-1; valid: an int >= 0"):
+        make_dequant_gemm_hopper(None, 128, 512, config=HopperDequantConfig(stream_k=True, stream_k_min_chunks=-1))
+    with pytest.raises(UnsupportedConfigError, match="stream_k_waves=1.5; valid: None or an int >= 0"):
+        make_dequant_gemm_hopper(None, 128, 512, config=HopperDequantConfig(stream_k=True, stream_k_waves=1.5))
     cfg = HopperDequantConfig(block_m=96, consumers=2, k_split=True, num_sms=132, stream_k=True)
     assert stream_k_workspace(cfg) == (((132, 2, 1, 48, 128), "float32"), ((132, 1), "int32"))
     assert stream_k_workspace(HopperDequantConfig(block_m=256, num_sms=7))[0][0] == (7, 2, 2, 128, 128)
@@ -210,7 +258,7 @@ def test_dispatcher_passes_the_stream_k_workspace_on_the_interpreter():
     qw = D.quantize(torch.randn(N, K, generator=g).half(), D.QuantScheme("int4", 128))
     tensors, kw = kernel_arguments(qw)
     cfg = HopperDequantConfig(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=3,
-                              stream_k=True)
+                              stream_k=True, stream_k_min_chunks=0, stream_k_waves=None)
     dg = DequantGemm(N, K, dtype="float16", arch="sm_90a", interpret=True, configs={"fused32": cfg}, **kw)
     A = torch.randn(24, K, generator=g).half()
     C = dg.run_path("fused32", A, *tensors, out=torch.full((24, N), float("nan"), dtype=torch.float16))
@@ -228,7 +276,8 @@ def test_default_rings_with_stream_k_on_the_interpreter(path, M):
     g = torch.Generator().manual_seed(M)
     qw = D.quantize(torch.randn(512, 1024, generator=g).half(), D.QuantScheme("int4", 128))
     tensors, kw = kernel_arguments(qw)
-    cfg = dataclasses.replace(_DEFAULTS[path], num_sms=5, stream_k=True)
+    cfg = dataclasses.replace(_DEFAULTS[path], num_sms=5, stream_k=True, stream_k_min_chunks=0,
+                              stream_k_waves=None)
     dg = DequantGemm(512, 1024, arch="sm_90a", interpret=True, configs={path: cfg}, **kw)
     x = torch.randn(M, 1024, generator=g).half()
     C = dg.run_path(path, x, *tensors, out=torch.full((M, 512), float("nan"), dtype=torch.float16))
@@ -243,24 +292,31 @@ def test_default_rings_with_stream_k_on_the_interpreter(path, M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_stream_k_on_the_gpu(dtype):
-    """N = 4096 (64 tiles of 64 rows for 132 SMs: every tile in pieces) and N = 28672 at K = 4096 (448 tiles: 3 whole
-    rounds, then the tail in pieces), through ``DequantGemm`` with stream_k on fused64 / fused128 / fused256k and the
-    default kernels: poisoned outputs within tolerance of the fp32 product, identical on repeated launches (the
-    scratch's counters return to zero), and as close to the data-parallel kernels as their summation orders allow;
-    then a CUDA graph replay."""
+    """Through ``DequantGemm`` with stream_k on and off: 4096 x 8192 (64 tiles of 64 rows for 132 SMs: every tile in
+    pieces) and 1024 x 4096 on fused64 / fused128 / fused256k under the default rule, and 28672 x 4096 (448 tiles: 3
+    whole rounds, then the tail in pieces) with the rule lifted. Poisoned outputs within tolerance of the fp32
+    product, identical on repeated launches (the scratch's counters return to zero), and as close to the
+    data-parallel kernels as their summation orders allow; then a CUDA graph replay."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
     from mmaemit.runtime.workspace import scratch
 
-    for N, K, cases in ((4096, 4096, ((64, "fused64"), (100, "fused128"), (250, "fused256k"))),
-                        (28672, 4096, ((128, "fused128"),))):
-        g = torch.Generator().manual_seed(N)
-        qw = D.quantize(torch.randn(N, K, generator=g).to(dtype), D.QuantScheme("int4", 128))
+    lifted = dict(stream_k_min_chunks=0, stream_k_waves=None)
+    shapes = [(4096, 8192, ((64, "fused64"), (100, "fused128"), (250, "fused256k")), {}),
+              (1024, 4096, ((128, "fused128"),), {}), (28672, 4096, ((128, "fused128"),), lifted)]
+    if dtype == torch.bfloat16:        # the same kernels in the other dtype: one path of each rule
+        shapes = [(4096, 8192, ((100, "fused128"),), {}), (28672, 4096, ((128, "fused128"),), lifted)]
+    for N, K, cases, rule in shapes:
+        torch.manual_seed(N)
+        qw = D.quantize(torch.randn(N, K, device="cuda").to(dtype), D.QuantScheme("int4", 128))
         tensors, kw = kernel_arguments(qw)
         tensors = [t.cuda() for t in tensors]
         dense = qw.dequantize().to(dtype).cuda()
-        plain = DequantGemm(N, K, dtype=str(dtype)[6:], **kw)
-        sk = DequantGemm(N, K, dtype=str(dtype)[6:], configs={p: dataclasses.replace(plain.configs[p], stream_k=True)
-                                                             for _, p in cases}, **kw)
+        base = DequantGemm(N, K, dtype=str(dtype)[6:], **kw).configs
+        plain, sk = (DequantGemm(N, K, dtype=str(dtype)[6:], **kw, configs={
+            p: dataclasses.replace(base[p], stream_k=on, **(rule if on else {})) for _, p in cases})
+            for on in (False, True))
+        for M, path in cases:
+            assert stream_k_scheduler(sk.configs[path], -(-M // base[path].block_m), N, K).streamed, (N, K, path)
         for M, path in cases:
             A = torch.randn(M, K, device="cuda").to(dtype)
             ref = A.float() @ dense.float().T

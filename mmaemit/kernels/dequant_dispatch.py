@@ -97,7 +97,7 @@ from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
            "EXTRA_PATHS", "FUSED_EVERY_M_BITS", "fused_serves_every_m", "GEMV16_CONFIGS", "gemv16_config",
            "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits",
-           "wide_tiles_fill", "prebuild", "warmup_all"]
+           "wide_tiles_fill", "STREAM_K_PATHS", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -181,7 +181,7 @@ def gemv16_config(N, K, sms=None) -> GemvConfig:
 #: ``fused160``'s config where its 64-row tiles fit one wave (:func:`fused160_config`): 160 activation rows x 64
 #: weight rows, two consumers splitting K
 FUSED160_ONE_WAVE = HopperDequantConfig(block_m=160, consumers=2, stages=8, k_split=True, chunks_per_stage=1,
-                                        fit_rows=True)
+                                        fit_rows=True, stream_k=True)
 
 
 def one_wave_fits(N, K, sms=None) -> bool:
@@ -270,6 +270,17 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              # ~33 weight panels (~0.5 MB) instead of 16 and ~8 (64 MB, past the 50 MB L2); on the H100 2-6 % faster
              # than panel 16 at M = 4096-8192 (docs/perf-notes.md, thirteenth session)
              "fused256": HopperDequantConfig(block_m=256, consumers=2, stages=4, panel=4)}
+
+#: the fused paths whose defaults take a stream-K tail (``HopperDequantConfig.stream_k``; under the config's rule:
+#: launches of less than one wave whose busiest SM saves at least 48 chunks of K). Measured on the H100 against the
+#: same config without it (int4 g128 fp16, us): 4096 x 14336 fused32 M=32 24.8 / 20.3 (H200), fused48 29.2 / 24.4,
+#: fused64 34.4 / 28.3, fused96 39.8 / 31.5 (H200), fused128 44.1 / 43.4, fused160 56.3 / 51.5, fused192 65.3 / 60.2,
+#: fused224 77.1 / 67.5, fused256k 82.8 / 76.6, fused256 M=512 135.4 / 106.0; 1024 x 4096 fused32 8.5 / 7.5, fused128
+#: 14.3 / 10.8. fused128x2 (4096 x 14336 M=300: 86.2 / 87.2) and the GEMV-sized fused8 / fused16 keep whole tiles
+#: (docs/perf-notes.md, seventeenth session)
+STREAM_K_PATHS = ("fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused192", "fused224",
+                  "fused256k", "fused256")
+_DEFAULTS.update({p: dataclasses.replace(_DEFAULTS[p], stream_k=True) for p in STREAM_K_PATHS})
 
 
 def _ring(cps, stages, **kw) -> dict:

@@ -67,7 +67,7 @@ from mmaemit.runtime.launch import programmatic_dependent_launch
 
 __all__ = ["HopperDequantConfig", "make_dequant_gemm_hopper", "quad_word_plan", "QuadRepairPlan", "HOPPER_FUSED_FORMATS",
            "fused_smem_bytes", "scale_boxes", "ACTIVATION_BOXES", "HANDOVERS", "QUAD_REPAIRS",
-           "DECODE_VARIANTS", "stream_k_workspace"]
+           "DECODE_VARIANTS", "stream_k_workspace", "stream_k_scheduler"]
 
 #: weight formats of the fused Hopper path: every kernel format (1, 2, 4 and 8 bits: the quad re-pairing moves codes,
 #: whatever they mean; the decode is the format's own program), one scale per (row, group), zero points (every
@@ -148,17 +148,29 @@ class HopperDequantConfig:
     stage; the tile rows past the box are zeroed once per CTA (later hand-over writes may leave other values there,
     which only feed output rows the store clips). The same bits; H100, 8192^2 int4 fp16: fused128 at M=97 29.8-33.2
     us against 41.4-41.5 (``docs/perf-notes.md``, fifteenth session).
-    ``stream_k``: where the last wave of whole tiles would leave a tenth or more of the SMs idle (decided at run
-    time from M: :class:`mmaemit.pipeline.StreamKScheduler`), that wave's K work is spread evenly over every SM
-    instead: each CTA first takes its whole tiles, then a contiguous range of the remaining tiles' ring stages
-    (whole k_split rounds of stages, at least 1024 of K where there is enough). A piece that is not a whole tile
-    writes its fp32 sums to a global workspace and adds to the tile's counter; the piece that completes the tile
-    sums every piece's slot in K order (the same result whatever order the CTAs finish in) and stores the tile.
-    The kernel then takes two more arguments after C (:func:`stream_k_workspace`): the fp32 workspace and the int32
-    counters, zero before the first launch (every launch leaves them zero). Launches that share a workspace must not
-    run concurrently (one stream at a time). The grid is always the SM count. A tile of a single k_split round of
-    stages cannot be cut: that kernel runs whole tiles (and ignores the two arguments). Interpreter-tested; not yet
-    timed on the H100, so no default config has it (``docs/perf-notes.md``, sixteenth session)."""
+    ``stream_k``: where the last wave of whole tiles would leave a tenth or more of the SMs idle and spreading it
+    saves the busiest SM at least ``stream_k_min_chunks`` 64-deep chunks of K (decided at run time from M:
+    :func:`stream_k_scheduler`), that wave's K work is spread evenly over every SM instead: each CTA first takes
+    its whole tiles, then a contiguous range of the remaining tiles' ring stages (whole k_split rounds of stages, at
+    least 1024 of K where there is enough). A piece that is not a whole tile writes its fp32 sums to a global
+    workspace and adds to the tile's counter; the piece that completes the tile sums every piece's slot in K order
+    (the same result whatever order the CTAs finish in) and stores the tile. The kernel then takes two more
+    arguments after C (:func:`stream_k_workspace`): the fp32 workspace and the int32 counters, zero before the first
+    launch (every launch leaves them zero). Launches that share a workspace must not run concurrently (one stream at
+    a time). The grid is always the SM count. A tile of a single k_split round of stages cannot be cut: that kernel
+    runs whole tiles (and ignores the two arguments).
+    ``stream_k_min_chunks``: the pieces cost ~5 us per launch whatever their size (int4 g128, fp16, data-parallel
+    against stream-K: H200 4096 x 4096 fused64 M=64 11.8 / 12.9 us, saving 32 chunks of the busiest SM; H200 4096 x
+    7168 18.4 / 17.1, saving 56; H100 4096 x 14336 34.4 / 28.3, saving 112; H100 14336 x 4096 fused128 M=128 31.9 /
+    36.6, saving 16), so the tail applies only where the busiest SM saves at least this many chunks (48: about 6 us
+    of fused64's work and 11 of fused128's).
+    ``stream_k_waves``: the most whole waves a launch may run before its tail (0: only launches of less than one
+    wave; None: any). With whole waves first the H100 runs at its power cap, and evening out the last wave raised
+    the power and lowered the clock instead of the time (28672 x 8192, H100: fused32 M=32 65.8 / 64.7 us, fused64
+    89.5 / 87.6, fused128 M=128 124.6 / 126.2, fused160 134.6 / 136.6; H200 sustained, fused128: 129.2 us at 1590
+    MHz / 128.0 at 1485 MHz, 670 W, power-capped both); under one wave it pays (H100 4096 x 14336: fused48 29.2 /
+    24.4, fused160 56.3 / 51.5, fused224 77.1 / 67.5, fused256 M=512 135.4 / 106.0; 1024 x 4096 fused128 14.3 /
+    10.8; ``docs/perf-notes.md``, seventeenth session)."""
 
     block_m: int = 128
     consumers: int = 2
@@ -181,6 +193,8 @@ class HopperDequantConfig:
     decode_variant: str = "auto"
     fit_rows: bool = False
     stream_k: bool = False
+    stream_k_min_chunks: int = 48
+    stream_k_waves: int | None = 0
 
     @property
     def k_multiple(self) -> int:
@@ -344,6 +358,28 @@ def stream_k_workspace(config: HopperDequantConfig, sms: int | None = None) -> t
     return ((W, 2, groups, config.block_m // 2, 128), "float32"), ((W, groups), "int32")
 
 
+def stream_k_scheduler(config: HopperDequantConfig, grid_m, N: int, K: int, sms: int | None = None):
+    """The :class:`mmaemit.pipeline.StreamKScheduler` a ``stream_k`` kernel of ``config`` runs for ``grid_m`` tile
+    rows (an int, or the kernel's expression of M) of an N x K problem on ``num_sms`` or ``sms`` SMs (else the
+    visible GPU's): tiles of ``weight_rows``, units of ``chunks_per_stage`` 64-deep chunks; pieces start and end on
+    whole rounds of the k_split consumers' stages (each consumer then has a unit in every piece and keeps meeting its
+    own stages), at least 16 chunks of K where there is enough; the tail applies where the busiest SM saves at least
+    ``stream_k_min_chunks`` chunks and at most ``stream_k_waves`` whole waves come before it (its ``streamed``)."""
+    from mmaemit.arch import device_sm_count
+    from mmaemit.pipeline import StreamKScheduler
+
+    if not isinstance(config, HopperDequantConfig):
+        raise UnsupportedConfigError(f"config must be a HopperDequantConfig, not {type(config).__name__}")
+    if K % config.k_multiple or N % config.weight_rows:
+        raise TileShapeError(f"N={N}, K={K}: need N a multiple of {config.weight_rows} and K of {config.k_multiple}")
+    W = config.num_sms if config.num_sms is not None else (sms if sms is not None else device_sm_count())
+    cps = config.chunks_per_stage
+    step = config.consumers if config.k_split else 1
+    return StreamKScheduler(grid_m, N // config.weight_rows, W, K // CHUNK // cps, step, config.panel,
+                            -(-16 // (cps * step)), min_saved=-(-config.stream_k_min_chunks // cps),
+                            max_whole=config.stream_k_waves)
+
+
 def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                              config: HopperDequantConfig = HopperDequantConfig(), arch="sm_90a", *,
                              weight_format="int4", zeros_mode=None):
@@ -363,7 +399,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     from mmaemit.dequant.decode import variants_of
     from mmaemit.kernels.dequant_parts import check_scheme, emit_pair_of_column, kernel_decode_program
     from mmaemit.kernels.gemm_hopper import SMEM_LIMIT
-    from mmaemit.pipeline import (MbarrierRing, PersistentTileScheduler, StreamKScheduler, TmaTile, WarpgroupRoles,
+    from mmaemit.pipeline import (MbarrierRing, PersistentTileScheduler, TmaTile, WarpgroupRoles,
                                   bulk_commit, bulk_wait)
 
     arch = as_arch(arch or "sm_90a")
@@ -535,6 +571,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     SK = cfg.stream_k
     if not isinstance(SK, bool):
         raise UnsupportedConfigError(f"stream_k={SK!r}; valid: True, False")
+    if not isinstance(cfg.stream_k_min_chunks, int) or isinstance(cfg.stream_k_min_chunks, bool) \
+            or cfg.stream_k_min_chunks < 0:
+        raise UnsupportedConfigError(f"stream_k_min_chunks={cfg.stream_k_min_chunks!r}; valid: an int >= 0")
+    if cfg.stream_k_waves is not None and (not isinstance(cfg.stream_k_waves, int)
+                                           or isinstance(cfg.stream_k_waves, bool) or cfg.stream_k_waves < 0):
+        raise UnsupportedConfigError(f"stream_k_waves={cfg.stream_k_waves!r}; valid: None or an int >= 0")
     if smem != (ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048
                 + (16 if SK else 0)):
         raise AssertionError("fused_smem_bytes disagrees with the kernel's boxes")
@@ -548,10 +590,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     NG = KU // STEP                       # stream-K granules (k_split rounds of stages) per tile
     SKA = SK and NG >= 2
     if SKA:
-        # stream-K pieces start and end on whole rounds of the k_split consumers' stages (each consumer then has a
-        # unit in every piece, and keeps meeting its own stages), at least 16 chunks of K where there is enough
-        MING = -(-16 // (CPS * STEP))
-        sched = StreamKScheduler((M + (BT - 1)) // BT if DYN else -(-M // BT), GN, sms, KU, STEP, cfg.panel, MING)
+        sched = stream_k_scheduler(cfg, (M + (BT - 1)) // BT if DYN else -(-M // BT), N, K, sms)
     elif DYN:
         sched = PersistentTileScheduler((M + (BT - 1)) // BT, GN, sms, cfg.panel, 1)
     else:

@@ -75,8 +75,10 @@ class StreamKScheduler:
 
     ``grid_m x grid_n`` output tiles of ``units`` K units each (ring stages) over ``workers`` persistent CTAs.
     With ``R = tiles % workers`` tiles in the last wave, stream-K applies when ``0 < R <= workers * 9 / 10``
-    (``threshold``; the data-parallel last wave would leave a tenth or more of the SMs idle; evaluated at run time
-    for a symbolic ``grid_m``) and a tile has at least two granules. Then every worker first takes
+    (``threshold``; the data-parallel last wave would leave a tenth or more of the SMs idle), a tile has at least
+    two granules, the busiest worker does at least ``min_saved`` units fewer than a data-parallel last wave's whole
+    tile (the pieces' fixed cost must pay off), and the whole waves before the tail number at most ``max_whole``
+    (None: any); all evaluated at run time for a symbolic ``grid_m``. Then every worker first takes
     ``D = tiles // workers`` whole tiles (``w, w + workers, ...`` as :class:`PersistentTileScheduler`, the same panel
     order), and the last ``R`` tiles are cut into ``granule``-unit granules (``S = R * units / granule`` of them, in
     tile then K order), dealt as contiguous ranges to the first ``WS`` workers (all of them, or fewer so that each
@@ -99,6 +101,8 @@ class StreamKScheduler:
     panel: int = 8
     min_granules: int = 1
     threshold: tuple = (9, 10)
+    min_saved: int = 0
+    max_whole: int | None = None
 
     def __post_init__(self):
         if not is_int(self.units) or self.units < 1 or not is_int(self.granule) or self.granule < 1 \
@@ -106,6 +110,10 @@ class StreamKScheduler:
             raise TileShapeError(f"units={self.units} per tile must be a positive multiple of granule={self.granule}")
         if not is_int(self.min_granules) or self.min_granules < 1:
             raise UnsupportedConfigError(f"min_granules={self.min_granules} must be an int >= 1")
+        if not is_int(self.min_saved) or self.min_saved < 0:
+            raise UnsupportedConfigError(f"min_saved={self.min_saved} must be an int >= 0")
+        if self.max_whole is not None and (not is_int(self.max_whole) or self.max_whole < 0):
+            raise UnsupportedConfigError(f"max_whole={self.max_whole} must be None or an int >= 0")
         num, den = self.threshold
         if not (is_int(num) and is_int(den) and 0 < num <= den):
             raise UnsupportedConfigError(f"threshold={self.threshold} must be (num, den) with 0 < num <= den")
@@ -128,10 +136,16 @@ class StreamKScheduler:
         least = min(self.min_granules, max(1, ng // 2))
         tiles = put(0, self.tiles)
         tail = put(1, tiles % W)                                          # R
-        on = put(2, select(both(tail > 0, tail * den <= W * num), 1, 0) if ng > 1 else 0)
-        D = put(3, select(on != 0, tiles // W, (tiles - worker + W - 1) // W))
-        S = put(4, tail * ng)
-        WS = put(5, imin(W, imax(1, S // least)))
+        S = put(2, tail * ng)
+        WS = put(3, imin(W, imax(1, S // least)))
+        # the busiest worker's units saved against the data-parallel last wave (a whole tile): its range is at most
+        # ceil(S / WS) granules
+        saved = self.units - (S + WS - 1) // WS * self.granule
+        ok = both(both(tail > 0, tail * den <= W * num), saved >= self.min_saved)
+        if self.max_whole is not None:
+            ok = both(ok, tiles // W <= self.max_whole)
+        on = put(4, select(ok, 1, 0) if ng > 1 else 0)
+        D = put(5, select(on != 0, tiles // W, (tiles - worker + W - 1) // W))
         gb = put(6, imin(worker, WS) * S // WS)
         ge = put(7, imin(worker + 1, WS) * S // WS)
         return D, on, gb, ge, S, WS
