@@ -246,7 +246,8 @@ def _fused_plan(weights, ms):
     ok = True
     for fmt, dtype, zm in weights:
         tensors, kw, w = _int4_weights(512, 1024, fmt, dtype, zm)
-        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", **kw)
+        # fill_waves=False: the M-only plan, one path per range (N = 512 would otherwise give fused32 rows up to 512)
+        dg = DequantGemm(512, 1024, dtype=str(dtype)[6:], arch="sm_90a", fill_waves=False, **kw)
         for M in ms:
             x = torch.randn(M, 1024, device="cuda").to(dtype)
             ok &= _rel(dg(x, *tensors), x.double() @ w.T) < (3e-3 if dtype == torch.float16 else 1e-2)

@@ -1,5 +1,6 @@
 """Dynamic M: the symbolic-M dequant kernels (GEMV, tiled, dense + Hopper GEMM) on the interpreter for ragged M, the
 DequantGemm dispatcher's plan, and on the GPU every M from 1 to 4096 with poisoned outputs and CUDA-graph capture."""
+import dataclasses
 import functools
 import os
 
@@ -164,7 +165,8 @@ def test_dispatcher_with_quantized_zeros_gptq_style(M):
 def test_dispatcher_fused_plan_with_zero_points(M, mode, dtype):
     """Asymmetric GPTQ / AWQ weights (uint4 with zeros) take the fused paths on sm_90a like symmetric ones."""
     qw, tensors, kw = _weights("uint4", dtype, mode)
-    dg = DequantGemm(N, K, dtype=str(dtype)[6:], interpret=True, arch="sm_90a", **kw)
+    # fill_waves=False: the M-only plan (N = 128 would otherwise give M=40 two rows of fused32's tiles)
+    dg = DequantGemm(N, K, dtype=str(dtype)[6:], interpret=True, arch="sm_90a", fill_waves=False, **kw)
     assert dg.path_for(M) == ("fused32" if M <= 32 else "fused48")
     A = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to(dtype)
     C = dg(A, *tensors, out=torch.full((M, N), float("nan"), dtype=dtype))
@@ -233,9 +235,12 @@ def test_dispatcher_plan():
         "fused256", "wgmma"]
     # N = 64: the fused tiles of 128 weight rows do not fit; those of 64 (k_split, and the one-wave tiles) take their
     # range
-    assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", **kw).ranges] == [
+    assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", fill_waves=False, **kw).ranges] == [
         "gemv8", "gemv16", "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused192", "fused224",
         "fused256k", "dense"]
+    # ... and with the default fill_waves, one tile of N=64 per row: fused32's rows serve up to 512
+    assert DequantGemm(64, 1024, arch="sm_90a", **kw).ranges[2:] == [("fused32", 17, 512), ("fused256k", 513, 4095),
+                                                                     ("dense", 4096, None)]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(TileShapeError, match=r"serves M > 32 for N=32, K=1024: the tiled path needs N a multiple"):
         DequantGemm(32, 1024, arch="sm_80")          # gemv32 (n_blocks=1) fits, no tiled path does
@@ -374,7 +379,7 @@ def test_one_wave_paths_by_grid():
     assert {nk: one_wave_fits(*nk, sms=132) for nk in ONE_WAVE_SHAPES} == ONE_WAVE_SHAPES
     assert not one_wave_fits(8192, 8192, sms=114)
     for nk, fits in ONE_WAVE_SHAPES.items():
-        dg = DequantGemm(*nk, arch="sm_90a", group_size=64)
+        dg = DequantGemm(*nk, arch="sm_90a", group_size=64, fill_waves=False)
         assert [dg.path_for(m) for m in (161, 192, 193, 224, 225, 256)] == (
             [p for p in ONE_WAVE_PATHS for _ in (0, 1)] if fits else [dg.path_for(161)] * 6), (nk, dg.ranges)
         wide = nk[0] % 128 == 0 and nk[0] // 128 >= 132          # fused256's tiles fill the GPU at one tile row
@@ -391,6 +396,45 @@ def test_one_wave_paths_by_grid():
         ("fused256k", 225, 256), ("fused128x2", 257, 259), ("dense", 260, None)]
     # fused224 does not fit K = 8256 (129 chunks, no k_split divides it): no one-wave path, fused128x2 from 161
     assert DequantGemm(8192, 8256, arch="sm_90a", group_size=-1).path_for(200) == "fused128x2"
+
+
+def test_narrow_n_fills_one_wave_with_shorter_tiles():
+    """Where one row of the M-tall tile leaves half the SMs or more idle, each M up to WAVE_FILL_MAX_M goes to the
+    WAVE_FILL_PATHS path with the most tiles within one wave (ties to the taller tile). On the H100, every path timed
+    (docs/perf-notes.md, seventeenth session): 1024 x 4096 M=128 fused32 8.7 us against fused128's 10.9, M=256 fused32
+    9.4 against fused256k's 16.6, M=512 fused64 12.6 against fused256's 23.7; 4096 x 4096 M=128 fused64 12.7 against
+    15.0, M=256 fused128 18.2 against 26.7, M=512 fused128x2 28.3 against 41.9. Wide N keep the M-only plan, and
+    fill_waves=False keeps it everywhere."""
+    from mmaemit.kernels.dequant_dispatch import WAVE_FILL_MAX_M, WAVE_FILL_PATHS
+
+    def tiles(dg, p, m):
+        cfg = dg.configs[p]
+        return -(-m // cfg.block_m) * (dg.N // cfg.weight_rows)
+
+    measured = {(1024, 4096): {128: "fused32", 256: "fused32", 512: "fused64"},
+                (4096, 4096): {128: "fused64", 256: "fused128", 512: "fused128x2"}}
+    for (N, K), best in measured.items():
+        dg = DequantGemm(N, K, arch="sm_90a")
+        assert {m: dg.path_for(m) for m in best} == best, dg.ranges
+    for N, K in ((1024, 4096), (4096, 4096), (4096, 14336), (2048, 4096), (64, 1024)):
+        dg, plain = DequantGemm(N, K, arch="sm_90a"), DequantGemm(N, K, arch="sm_90a", fill_waves=False)
+        spans = dg.ranges
+        assert [r[1] for r in spans] == [1] + [r[2] + 1 for r in spans[:-1]] and spans[-1][2] is None
+        for m in range(1, 2 * WAVE_FILL_MAX_M):
+            p, p0 = dg.path_for(m), plain.path_for(m)
+            if p != p0:
+                assert p in WAVE_FILL_PATHS and 16 < m <= WAVE_FILL_MAX_M, (N, K, m, p, p0)
+                assert 2 * tiles(plain, p0, m) <= tiles(dg, p, m) <= 132, (N, K, m, p, p0)
+    for N, K in ((8192, 8192), (28672, 8192), (14336, 4096), (8448, 8192)):
+        assert DequantGemm(N, K, arch="sm_90a").ranges == DequantGemm(N, K, arch="sm_90a", fill_waves=False).ranges
+    assert DequantGemm(4096, 14336, arch="sm_90a").ranges[2:] == [
+        ("fused32", 17, 64), ("fused64", 65, 128), ("fused128", 129, 256), ("fused128x2", 257, 512),
+        ("fused256", 513, None)]
+    # the wave is the config's num_sms where one is set
+    few = {p: dataclasses.replace(DequantGemm(4096, 4096, arch="sm_90a").configs[p], num_sms=64)
+           for p in WAVE_FILL_PATHS}
+    assert DequantGemm(4096, 4096, arch="sm_90a", configs=few).ranges == \
+        DequantGemm(4096, 4096, arch="sm_90a", configs=few, fill_waves=False).ranges
 
 
 def test_wide_tiles_take_fused256_from_161():

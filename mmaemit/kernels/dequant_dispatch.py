@@ -97,7 +97,7 @@ from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
            "EXTRA_PATHS", "FUSED_EVERY_M_BITS", "fused_serves_every_m", "GEMV16_CONFIGS", "gemv16_config",
            "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits",
-           "wide_tiles_fill", "STREAM_K_PATHS", "prebuild", "warmup_all"]
+           "wide_tiles_fill", "STREAM_K_PATHS", "WAVE_FILL_PATHS", "WAVE_FILL_MAX_M", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -124,6 +124,14 @@ _FUSED_START = {"fused8": 1, "fused16": 9, "fused32": 17, "fused48": 33, "fused6
 #: against 58.4-62.2, M=256 57.6-58.2 against 61.8-63.7; 4096 x 14336 M=192 66.1-66.7 against 83.8-86.4, M=224
 #: 72.2-73.0 against 85.3-87.2, M=256 83.6-83.9 against 85.4-86.3
 ONE_WAVE_PATHS = ("fused192", "fused224", "fused256k")
+#: fused paths that :meth:`DequantGemm._fill_waves` may give several tile rows where the plan's tall one-row path
+#: leaves half the SMs or more idle, and the M it considers. Why: on the H100 (int4 g128 fp16, every path timed in one
+#: run against the plan's, µs; docs/perf-notes.md, seventeenth session) 1024 x 4096 M=128 fused32 8.7 against the
+#: plan's fused128 10.9, M=256 fused32 9.4 against fused256k 16.6, M=512 fused64 12.6 against fused256 23.7; 4096 x
+#: 4096 M=128 fused64 12.7 against fused128 15.0, M=256 fused128 18.2 against fused256k 26.7, M=512 fused128x2 28.3
+#: against fused256 41.9 (cuBLAS fp16 9.2-12.1 and 15.4-29.6): each the path that fills one wave (128 tiles of 132)
+WAVE_FILL_PATHS = ("fused32", "fused64", "fused128", "fused128x2")
+WAVE_FILL_MAX_M = 512
 #: weight widths whose fused paths also serve M <= 16 (``fused8``, ``fused16`` instead of the GEMVs): on the H100 at
 #: 8192 x 8192 g128 fp16 int8 took 28.5 us at M=1 with 8-row tiles against 45.0 for the GEMV; int4 17.3 vs 19.7 and
 #: int2 14.1 vs 19.1 keep the GEMV (docs/perf-notes.md, fifth session)
@@ -339,10 +347,13 @@ class DequantGemm:
     :mod:`mmaemit.kernels.gated`): W holds a gate and an up weight interleaved by 16 rows (``interleave_gated``), and
     a call returns act(gate) * up, [M, N / 2]: the GEMVs gate in their epilogue (:meth:`gates_in_kernel`, float32,
     one rounding), the other paths gate their [M, N] output with torch (``gate_into``: as an unfused module).
+    ``fill_waves``: True (default) lets narrow N take several rows of shorter tiles where one row of the M-tall tile
+    leaves half the SMs or more idle (:data:`WAVE_FILL_PATHS`); False plans by M alone.
     """
 
     def __init__(self, N, K, group_size=128, dtype="float16", weight_format="int4", zeros_mode=None, arch=None, *,
-                 large_m=None, wide_m=None, dense_m=None, fused=None, configs=None, interpret=None, gated=None):
+                 large_m=None, wide_m=None, dense_m=None, fused=None, configs=None, interpret=None, gated=None,
+                 fill_waves=True):
         from mmaemit.arch import as_arch, device_arch
         from mmaemit.errors import ArchError
 
@@ -394,7 +405,9 @@ class DequantGemm:
         self.use_fused = fused
         self._spec = dict(N=self.N, K=self.K, group_size=group_size, dtype=self.dtype, weight_format=weight_format,
                           zeros_mode=zeros_mode, arch=self.arch, large_m=large_m, wide_m=wide_m, dense_m=dense_m,
-                          fused=fused, configs=dict(configs or {}), interpret=self.interpret, gated=self.gated)
+                          fused=fused, configs=dict(configs or {}), interpret=self.interpret, gated=self.gated,
+                          fill_waves=bool(fill_waves))
+        self.fill_waves = bool(fill_waves)
         self.ranges = self._plan()
         self._funcs: dict = {}
         self._kernels: dict = {}
@@ -454,6 +467,46 @@ class DequantGemm:
         return [(p, 1 if i == 0 else start[p], start[paths[i + 1]] - 1 if i + 1 < len(paths) else None)
                 for i, p in enumerate(paths)]
 
+    def _fill_waves(self, spans, sms=None):
+        """``spans`` with each M up to :data:`WAVE_FILL_MAX_M` served instead by the :data:`WAVE_FILL_PATHS` path
+        that gives the most tiles (tile rows of M x N / its weight rows) within one wave of its config's ``num_sms``
+        or ``sms`` SMs (None: the visible GPU's), ties to the taller tile, where that is at least twice the tiles of the span's own fused path
+        (its one tall row of tiles then leaves half the SMs or more idle: narrow N such as attention's 1024 x 4096
+        and 4096 x 4096 or the MLP's 4096 x 14336). Wide N keep their plan (8192 x 8192 already fills a wave)."""
+        sms = _sm_count(sms)
+        cands = [p for p in WAVE_FILL_PATHS if self._fits(p)]
+
+        def tiles(p, M):
+            cfg = self.configs[p]
+            return -(-M // cfg.block_m) * (self.N // cfg.weight_rows)
+
+        def wave(p):
+            return self.configs[p].num_sms or sms
+
+        def choose(M, p0):
+            if p0 not in FUSED_PATHS or not cands:
+                return p0
+            fill = [(tiles(p, M), self.configs[p].block_m, p) for p in cands
+                    if self.configs[p].block_m < M and tiles(p, M) <= wave(p)]
+            best = max(fill, default=None)
+            return best[2] if best and best[0] >= 2 * tiles(p0, M) else p0
+
+        out = []
+        for p0, lo, hi in spans:
+            for M in range(lo, min(WAVE_FILL_MAX_M, hi or WAVE_FILL_MAX_M) + 1):
+                p = choose(M, p0)
+                if out and out[-1][0] == p and out[-1][2] == M - 1:
+                    out[-1] = (p, out[-1][1], M)
+                else:
+                    out.append((p, M, M))
+            if hi is None or hi > WAVE_FILL_MAX_M:
+                first = max(lo, WAVE_FILL_MAX_M + 1)
+                if out and out[-1][0] == p0 and out[-1][2] == first - 1:
+                    out[-1] = (p0, out[-1][1], hi)
+                else:
+                    out.append((p0, first, hi))
+        return out
+
     def _plan(self):
         """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path
         whose tiles do not fit N / K drops out and the path below it extends over its range."""
@@ -471,7 +524,8 @@ class DequantGemm:
                 skip.append("fused128x2")
             paths = [p for p in small + tuple(p for p in FUSED_PATHS if _FUSED_START[p] > 16)
                      if p in waves or p not in skip and self._fits(p) and start[p] < end]
-            return self._spans(paths + (["dense"] if self.dense_m is not None else []), start)
+            spans = self._spans(paths + (["dense"] if self.dense_m is not None else []), start)
+            return self._fill_waves(spans) if self.fill_waves else spans
         start = {"gemv8": 1, "gemv16": 9, "gemv32": 17, "tiled64": 33, "tiled128": 65, "dense_mid": self.large_m,
                  "dense": self.wide_m}
         paths = [p for p in PATHS if start[p] is not None and self._fits(p)]
