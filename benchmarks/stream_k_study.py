@@ -121,6 +121,7 @@ def main(argv=None):
     overrides = dict(parse_setting(s) for s in args.set)
     if not torch.cuda.is_available():
         raise SystemExit("stream_k_study needs a CUDA GPU (check_on_interpreter() runs without one)")
+    os.environ.setdefault("MMAEMIT_CUBIN_CACHE", "1")      # load what the build workers put in the cubin cache
     from mmaemit import dequant as D
     from mmaemit.dequant.kernel_layout import kernel_arguments
     from mmaemit.kernels.dequant_dispatch import _build_in_workers

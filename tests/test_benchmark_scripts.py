@@ -78,3 +78,15 @@ def test_stream_k_study_checks_on_the_interpreter():
 
     assert stream_k_study.parse_case("28672x8192:fused128:100,128") == (28672, 8192, "fused128", [100, 128])
     assert stream_k_study.check_on_interpreter() <= 0.05
+
+
+def test_wave_fill_study_checks_on_the_interpreter():
+    """``wave_fill_study``'s check (poisoned output, tolerance) passes for both plans of a small problem where the
+    wave-filling plan takes fused32 in two rows and the M-only plan fused48; ``--set``-style settings of the stream-K
+    study parse."""
+    import stream_k_study
+    import wave_fill_study
+
+    assert wave_fill_study.check_on_interpreter() == ("fused32", "fused48")
+    assert stream_k_study.parse_setting("handover=parallel") == ("handover", "parallel")
+    assert stream_k_study.parse_setting("stream_k_waves=None") == ("stream_k_waves", None)
