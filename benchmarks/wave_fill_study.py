@@ -85,8 +85,7 @@ def main(argv=None):
 
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
     objs = {nk: plans(*nk, dtype=args.dtype) for nk in shapes}
-    items = {(p.spec()["N"], p.spec()["K"], p.fill_waves, p.path_for(m)): p for nk, both in objs.items()
-             for p in both for m in args.ms}
+    items = {(p.N, p.K, p.fill_waves, p.path_for(m)): p for both in objs.values() for p in both for m in args.ms}
     t0 = time.time()
     _build_in_workers([(p.spec(), key[3]) for key, p in items.items()], workers=args.workers)
     print(f"built {len(items)} kernels in {time.time() - t0:.0f} s", flush=True)

@@ -241,6 +241,11 @@ def test_stream_k_config_errors_and_workspace():
         make_dequant_gemm_hopper(None, 128, 512, config=HopperDequantConfig(stream_k=True, stream_k_min_chunks=-1))
     with pytest.raises(UnsupportedConfigError, match="stream_k_waves=1.5; valid: None or an int >= 0"):
         make_dequant_gemm_hopper(None, 128, 512, config=HopperDequantConfig(stream_k=True, stream_k_waves=1.5))
+    # the scheduler and the workspace of a config check the same fields
+    with pytest.raises(UnsupportedConfigError, match="stream_k_min_chunks=-1; valid: an int >= 0"):
+        stream_k_scheduler(HopperDequantConfig(stream_k=True, stream_k_min_chunks=-1), 1, 128, 512)
+    with pytest.raises(UnsupportedConfigError, match="stream_k_waves=-2; valid: None or an int >= 0"):
+        stream_k_workspace(HopperDequantConfig(stream_k=True, stream_k_waves=-2))
     cfg = HopperDequantConfig(block_m=96, consumers=2, k_split=True, num_sms=132, stream_k=True)
     assert stream_k_workspace(cfg) == (((132, 2, 1, 48, 128), "float32"), ((132, 1), "int32"))
     assert stream_k_workspace(HopperDequantConfig(block_m=256, num_sms=7))[0][0] == (7, 2, 2, 128, 128)

@@ -411,6 +411,7 @@ class DequantGemm:
         self.ranges = self._plan()
         self._funcs: dict = {}
         self._kernels: dict = {}
+        self._sk_buffers: dict = {}
 
     def _default_fused(self, path, cfg):
         """A fused path's default config for this problem: the 8-bit ring shape; for K that is not a multiple of its
@@ -467,13 +468,14 @@ class DequantGemm:
         return [(p, 1 if i == 0 else start[p], start[paths[i + 1]] - 1 if i + 1 < len(paths) else None)
                 for i, p in enumerate(paths)]
 
-    def _fill_waves(self, spans, sms=None):
+    def _fill_waves(self, spans):
         """``spans`` with each M up to :data:`WAVE_FILL_MAX_M` served instead by the :data:`WAVE_FILL_PATHS` path
         that gives the most tiles (tile rows of M x N / its weight rows) within one wave of its config's ``num_sms``
-        or ``sms`` SMs (None: the visible GPU's), ties to the taller tile, where that is at least twice the tiles of the span's own fused path
-        (its one tall row of tiles then leaves half the SMs or more idle: narrow N such as attention's 1024 x 4096
-        and 4096 x 4096 or the MLP's 4096 x 14336). Wide N keep their plan (8192 x 8192 already fills a wave)."""
-        sms = _sm_count(sms)
+        or the visible GPU's SMs, ties to the taller tile, where that is at least twice the tiles of the span's own
+        fused path (its one tall row of tiles then leaves half the SMs or more idle: narrow N such as attention's
+        1024 x 4096 and 4096 x 4096 or the MLP's 4096 x 14336). Wide N keep their plan (8192 x 8192 already fills a
+        wave)."""
+        sms = _sm_count(None)
         cands = [p for p in WAVE_FILL_PATHS if self._fits(p)]
 
         def tiles(p, M):
@@ -492,19 +494,18 @@ class DequantGemm:
             return best[2] if best and best[0] >= 2 * tiles(p0, M) else p0
 
         out = []
+
+        def put(p, lo, hi):              # append a span, joined to the last one where it continues the same path
+            if out and out[-1][0] == p and out[-1][2] == lo - 1:
+                out[-1] = (p, out[-1][1], hi)
+            else:
+                out.append((p, lo, hi))
+
         for p0, lo, hi in spans:
             for M in range(lo, min(WAVE_FILL_MAX_M, hi or WAVE_FILL_MAX_M) + 1):
-                p = choose(M, p0)
-                if out and out[-1][0] == p and out[-1][2] == M - 1:
-                    out[-1] = (p, out[-1][1], M)
-                else:
-                    out.append((p, M, M))
+                put(choose(M, p0), M, M)
             if hi is None or hi > WAVE_FILL_MAX_M:
-                first = max(lo, WAVE_FILL_MAX_M + 1)
-                if out and out[-1][0] == p0 and out[-1][2] == first - 1:
-                    out[-1] = (p0, out[-1][1], hi)
-                else:
-                    out.append((p0, first, hi))
+                put(p0, max(lo, WAVE_FILL_MAX_M + 1), hi)
         return out
 
     def _plan(self):
@@ -675,20 +676,25 @@ class DequantGemm:
 
     def _stream_k_buffers(self, path, device) -> tuple:
         # a stream_k fused kernel's workspace and counters (stream_k_workspace): views of the device's shared
-        # scratch (mmaemit.runtime.workspace), or fresh zeros on the interpreter
+        # scratch (mmaemit.runtime.workspace), made once per path and device (every launch leaves the counters
+        # zero, so a view of a scratch that has since grown stays valid), or fresh zeros on the interpreter
         import torch
 
         cfg = self.configs.get(path)
         if not (path in FUSED_PATHS and cfg.stream_k):
             return ()
+        key = (path, str(device))
+        if key in self._sk_buffers:
+            return self._sk_buffers[key]
         (ws, _), (lk, _) = stream_k_workspace(cfg)
         if self.interpret:
             return torch.empty(ws, dtype=torch.float32), torch.zeros(lk, dtype=torch.int32)
         from mmaemit.runtime.workspace import scratch
 
         n_ws, n_lk = math.prod(ws), math.prod(lk)
-        return (scratch(device, torch.float32, n_ws)[:n_ws].view(ws),
-                scratch(device, torch.int32, n_lk)[:n_lk].view(lk))
+        bufs = self._sk_buffers[key] = (scratch(device, torch.float32, n_ws)[:n_ws].view(ws),
+                                        scratch(device, torch.int32, n_lk)[:n_lk].view(lk))
+        return bufs
 
     @staticmethod
     def _check(report):

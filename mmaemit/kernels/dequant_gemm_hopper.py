@@ -344,16 +344,29 @@ def fused_smem_bytes(config: HopperDequantConfig, bits: int, group_size: int, ze
     return cfg.stages * stage + tail + 16 * cfg.stages + 2048 + (16 if cfg.stream_k else 0)
 
 
+def _stream_k_workers(config, sms=None) -> int:
+    # a config's stream-K fields checked, and its workers: num_sms, else sms, else the visible GPU's SM count
+    from mmaemit.arch import device_sm_count
+
+    if not isinstance(config, HopperDequantConfig):
+        raise UnsupportedConfigError(f"config must be a HopperDequantConfig, not {type(config).__name__}")
+    if not isinstance(config.stream_k, bool):
+        raise UnsupportedConfigError(f"stream_k={config.stream_k!r}; valid: True, False")
+    if not isinstance(config.stream_k_min_chunks, int) or isinstance(config.stream_k_min_chunks, bool) \
+            or config.stream_k_min_chunks < 0:
+        raise UnsupportedConfigError(f"stream_k_min_chunks={config.stream_k_min_chunks!r}; valid: an int >= 0")
+    waves = config.stream_k_waves
+    if waves is not None and (not isinstance(waves, int) or isinstance(waves, bool) or waves < 0):
+        raise UnsupportedConfigError(f"stream_k_waves={waves!r}; valid: None or an int >= 0")
+    return config.num_sms if config.num_sms is not None else (sms if sms is not None else device_sm_count())
+
+
 def stream_k_workspace(config: HopperDequantConfig, sms: int | None = None) -> tuple:
     """((shape, "float32"), (shape, "int32")) of the two buffers a ``stream_k`` kernel takes after C: per worker
     (``num_sms`` or ``sms``, else the visible GPU's SM count) two slots of fp32 partial sums per 64-row group of the
     tile (``block_m / 2`` x 128 per group: one per accumulator and consumer thread), and one counter per tail tile
     and group (at most one tail tile per worker). The counters must be zero before the first launch."""
-    from mmaemit.arch import device_sm_count
-
-    if not isinstance(config, HopperDequantConfig):
-        raise UnsupportedConfigError(f"config must be a HopperDequantConfig, not {type(config).__name__}")
-    W = config.num_sms if config.num_sms is not None else (sms if sms is not None else device_sm_count())
+    W = _stream_k_workers(config, sms)
     groups = config.weight_rows // 64
     return ((W, 2, groups, config.block_m // 2, 128), "float32"), ((W, groups), "int32")
 
@@ -365,14 +378,11 @@ def stream_k_scheduler(config: HopperDequantConfig, grid_m, N: int, K: int, sms:
     whole rounds of the k_split consumers' stages (each consumer then has a unit in every piece and keeps meeting its
     own stages), at least 16 chunks of K where there is enough; the tail applies where the busiest SM saves at least
     ``stream_k_min_chunks`` chunks and at most ``stream_k_waves`` whole waves come before it (its ``streamed``)."""
-    from mmaemit.arch import device_sm_count
     from mmaemit.pipeline import StreamKScheduler
 
-    if not isinstance(config, HopperDequantConfig):
-        raise UnsupportedConfigError(f"config must be a HopperDequantConfig, not {type(config).__name__}")
+    W = _stream_k_workers(config, sms)
     if K % config.k_multiple or N % config.weight_rows:
         raise TileShapeError(f"N={N}, K={K}: need N a multiple of {config.weight_rows} and K of {config.k_multiple}")
-    W = config.num_sms if config.num_sms is not None else (sms if sms is not None else device_sm_count())
     cps = config.chunks_per_stage
     step = config.consumers if config.k_split else 1
     return StreamKScheduler(grid_m, N // config.weight_rows, W, K // CHUNK // cps, step, config.panel,
@@ -391,7 +401,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     from tvm.script import tirx as T
 
     from mmaemit import isa
-    from mmaemit.arch import as_arch, device_sm_count
+    from mmaemit.arch import as_arch
     from mmaemit.emitters.builder import emit, store
     from mmaemit.emitters.wgmma import WgmmaIntrinEmitter
     from mmaemit.dequant.kernel_layout import words_per_chunk
@@ -569,21 +579,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         return T.min(T.int32(BT), (M + 7) // 8 * 8) if FIT else BT
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     SK = cfg.stream_k
-    if not isinstance(SK, bool):
-        raise UnsupportedConfigError(f"stream_k={SK!r}; valid: True, False")
-    if not isinstance(cfg.stream_k_min_chunks, int) or isinstance(cfg.stream_k_min_chunks, bool) \
-            or cfg.stream_k_min_chunks < 0:
-        raise UnsupportedConfigError(f"stream_k_min_chunks={cfg.stream_k_min_chunks!r}; valid: an int >= 0")
-    if cfg.stream_k_waves is not None and (not isinstance(cfg.stream_k_waves, int)
-                                           or isinstance(cfg.stream_k_waves, bool) or cfg.stream_k_waves < 0):
-        raise UnsupportedConfigError(f"stream_k_waves={cfg.stream_k_waves!r}; valid: None or an int >= 0")
+    sms = _stream_k_workers(cfg)          # the stream-K fields checked; the persistent grid's SMs
     if smem != (ST * STAGE_BYTES + (RED_BYTES if KS else RG * c_map_t.box_bytes) + 16 * ST + 2048
                 + (16 if SK else 0)):
         raise AssertionError("fused_smem_bytes disagrees with the kernel's boxes")
     if smem > SMEM_LIMIT:
         raise UnsupportedConfigError(f"{smem} bytes of shared memory > {SMEM_LIMIT}: lower stages ({ST}), "
                                      f"chunks_per_stage ({CPS}) or block_m ({BT})")
-    sms = cfg.num_sms if cfg.num_sms is not None else device_sm_count()
     GN = N // BW
     # stream-K needs tiles of at least two granules; with fewer the kernel is the data-parallel one (it still takes
     # the workspace arguments, unused)
@@ -870,15 +872,21 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             T.ptx.bar.sync(T.uint32(5 + r), T.uint32(128))
 
     @T.inline
-    def store_tile(WSP, LKC, Flag, Cs, cs_slot, c_map, acc, worker, pre, tmn, r, tid):
-        # the epilogue of 64-row group r from staging slot cs_slot; with stream_k only where this item completes its
-        # tile (its sums are then the tile's)
+    def stored(Cs, cs_slot, c_map, acc, tmn, r, tid, read_back):
+        epilogue(Cs, cs_slot, c_map, acc, tmn[0], tmn[1], r, tid)
+        if read_back:
+            if tid == 0:
+                bulk_wait(0, read=True)          # the store has read C out of its staging slot
+    @T.inline
+    def store_tile(WSP, LKC, Flag, Cs, cs_slot, c_map, acc, worker, pre, tmn, r, tid, read_back=False):
+        # the epilogue of 64-row group r from staging slot cs_slot (read_back: then wait until the store has read
+        # it); with stream_k only where this item completes its tile (its sums are then the tile's)
         if SKA:
             fixup(WSP, LKC, Flag, acc, worker, pre, tmn[5], tmn[6], tmn[3], r, tid)
             if Flag[r] != 0:
-                epilogue(Cs, cs_slot, c_map, acc, tmn[0], tmn[1], r, tid)
+                stored(Cs, cs_slot, c_map, acc, tmn, r, tid, read_back)
         else:
-            epilogue(Cs, cs_slot, c_map, acc, tmn[0], tmn[1], r, tid)
+            stored(Cs, cs_slot, c_map, acc, tmn, r, tid, read_back)
 
     @T.inline
     def body(A, W, S, C, x_map, w_map, s_map, z_map, c_map, WSP=None, LKC=None):
@@ -1056,16 +1064,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         for o in T.unroll(NC - 2):
                             ring.consumer_release(last_unit(ib, tmn[2], KC, o + 2))
                         s1 = T.meta_var(ring.stage(last_unit(ib, tmn[2], KC, 1)))
-                        if SKA:
-                            fixup(WSP, LKC, Flag, acc, worker, pre, tmn[5], tmn[6], tmn[3], 0, tid)
-                            if Flag[0] != 0:
-                                epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
-                                if tid == 0:
-                                    bulk_wait(0, read=True)  # the store has read C out of consumer 1's stage
-                        else:
-                            epilogue(CsS, s1 * CPS, c_map, acc, tm, tn, 0, tid)
-                            if tid == 0:
-                                bulk_wait(0, read=True)      # the store has read C out of consumer 1's stage
+                        # C staged in consumer 1's kept stage: released once the store has read it
+                        store_tile(WSP, LKC, Flag, CsS, s1 * CPS, c_map, acc, worker, pre, tmn, 0, tid, True)
                         ring.consumer_release(last_unit(ib, tmn[2], KC, 1))
                 elif KS:
                     # consumers 1 .. NC - 1 hand their sums to consumer 0 (thread for thread: the same accumulator
