@@ -430,6 +430,8 @@ def test_narrow_n_fills_one_wave_with_shorter_tiles():
     assert DequantGemm(4096, 14336, arch="sm_90a").ranges[2:] == [
         ("fused32", 17, 64), ("fused64", 65, 128), ("fused128", 129, 256), ("fused128x2", 257, 512),
         ("fused256", 513, None)]
+    with pytest.raises(ArgumentError, match="fill_waves='no'; valid: True, False"):
+        DequantGemm(4096, 4096, arch="sm_90a", fill_waves="no")
     # the wave is the config's num_sms where one is set
     few = {p: dataclasses.replace(DequantGemm(4096, 4096, arch="sm_90a").configs[p], num_sms=64)
            for p in WAVE_FILL_PATHS}

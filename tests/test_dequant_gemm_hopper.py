@@ -524,7 +524,7 @@ def test_one_wave_tiles_on_the_interpreter(path, fmt, zeros, dtype, M):
         from mmaemit.kernels.dequant_gemm_hopper import stream_k_workspace
 
         (ws, _), (lk, _) = stream_k_workspace(small)
-        extra = (torch.zeros(ws), torch.zeros(lk, dtype=torch.int32))
+        extra = (torch.full(ws, float("nan")), torch.zeros(lk, dtype=torch.int32))   # counters start at zero
     assert mmaemit.interpret(func, A, *tensors, C, *extra, arch="sm_90a").ok
     assert not torch.isnan(C).any()
     assert _rel(C, A.double() @ qw.dequantize().double().T) < _tol(dtype)

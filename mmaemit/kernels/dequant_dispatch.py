@@ -365,6 +365,8 @@ class DequantGemm:
                 arch = "sm_90a" if self.interpret else "sm_80"
         self.arch = as_arch(arch).name
         self.N, self.K = int(N), int(K)
+        if not isinstance(fill_waves, bool):
+            raise ArgumentError(f"fill_waves={fill_waves!r}; valid: True, False")
         self.dtype = canonical(dtype)
         if self.dtype not in ("float16", "bfloat16"):
             raise UnsupportedConfigError(f"activation dtype must be one of {choices(['float16', 'bfloat16'])}, "
@@ -406,8 +408,8 @@ class DequantGemm:
         self._spec = dict(N=self.N, K=self.K, group_size=group_size, dtype=self.dtype, weight_format=weight_format,
                           zeros_mode=zeros_mode, arch=self.arch, large_m=large_m, wide_m=wide_m, dense_m=dense_m,
                           fused=fused, configs=dict(configs or {}), interpret=self.interpret, gated=self.gated,
-                          fill_waves=bool(fill_waves))
-        self.fill_waves = bool(fill_waves)
+                          fill_waves=fill_waves)
+        self.fill_waves = fill_waves
         self.ranges = self._plan()
         self._funcs: dict = {}
         self._kernels: dict = {}
