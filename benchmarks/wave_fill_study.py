@@ -40,9 +40,9 @@ def check(plan, A, weights, ref, tol):
     return err
 
 
-def check_on_interpreter(N=128, K=1024, M=40):
-    """The check on the interpreter at a small problem where the plans differ: N=128 is two 64-row tiles, so M=40
-    takes fused32 in two rows (4 tiles, on 4 persistent CTAs) against fused48's one row (2 tiles, 2 CTAs); both
+def check_on_interpreter(N=128, K=1024, M=60):
+    """The check on the interpreter at a small problem where the plans differ: N=128 is two 64-row tiles, so M=60
+    takes fused32 in two rows (4 tiles, on 4 persistent CTAs) against fused64's one row (2 tiles, 2 CTAs); both
     within tolerance; returns both paths."""
     import dataclasses
 
@@ -57,7 +57,7 @@ def check_on_interpreter(N=128, K=1024, M=40):
     ref = A.float() @ qw.dequantize().float().T
     base = DequantGemm(N, K, 128, "float16", arch="sm_90a", interpret=True).configs
     small = {"fused32": dataclasses.replace(base["fused32"], num_sms=4),
-             "fused48": dataclasses.replace(base["fused48"], num_sms=2)}
+             "fused64": dataclasses.replace(base["fused64"], num_sms=2)}
     filled, plain = plans(N, K, interpret=True, configs=small)
     paths = (filled.path_for(M), plain.path_for(M))
     if paths[0] == paths[1]:

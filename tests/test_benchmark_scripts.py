@@ -82,11 +82,11 @@ def test_stream_k_study_checks_on_the_interpreter():
 
 def test_wave_fill_study_checks_on_the_interpreter():
     """``wave_fill_study``'s check (poisoned output, tolerance) passes for both plans of a small problem where the
-    wave-filling plan takes fused32 in two rows and the M-only plan fused48; ``--set``-style settings of the stream-K
+    wave-filling plan takes fused32 in two rows and the M-only plan fused64; ``--set``-style settings of the stream-K
     study parse."""
     import stream_k_study
     import wave_fill_study
 
-    assert wave_fill_study.check_on_interpreter() == ("fused32", "fused48")
+    assert wave_fill_study.check_on_interpreter() == ("fused32", "fused64")
     assert stream_k_study.parse_setting("handover=parallel") == ("handover", "parallel")
     assert stream_k_study.parse_setting("stream_k_waves=None") == ("stream_k_waves", None)

@@ -238,9 +238,10 @@ def test_dispatcher_plan():
     assert [r[0] for r in DequantGemm(64, 1024, arch="sm_90a", fill_waves=False, **kw).ranges] == [
         "gemv8", "gemv16", "fused32", "fused48", "fused64", "fused96", "fused128", "fused160", "fused192", "fused224",
         "fused256k", "dense"]
-    # ... and with the default fill_waves, one tile of N=64 per row: fused32's rows serve up to 512
-    assert DequantGemm(64, 1024, arch="sm_90a", **kw).ranges[2:] == [("fused32", 17, 512), ("fused256k", 513, 4095),
-                                                                     ("dense", 4096, None)]
+    # ... and with the default fill_waves, one tile of N=64 per row: fused32's rows serve up to 512, but for 33-48
+    # (two rows of 32 pad 16 rows more than fused48's one)
+    assert DequantGemm(64, 1024, arch="sm_90a", **kw).ranges[2:] == [
+        ("fused32", 17, 32), ("fused48", 33, 48), ("fused32", 49, 512), ("fused256k", 513, 4095), ("dense", 4096, None)]
     assert "dense" not in plain.runnable_paths()
     with pytest.raises(TileShapeError, match=r"serves M > 32 for N=32, K=1024: the tiled path needs N a multiple"):
         DequantGemm(32, 1024, arch="sm_80")          # gemv32 (n_blocks=1) fits, no tiled path does
@@ -404,8 +405,9 @@ def test_narrow_n_fills_one_wave_with_shorter_tiles():
     (docs/perf-notes.md, seventeenth session): 1024 x 4096 M=128 fused32 8.7 us against fused128's 10.9, M=256 fused32
     9.4 against fused256k's 16.6, M=512 fused64 12.6 against fused256's 23.7; 4096 x 4096 M=128 fused64 12.7 against
     15.0, M=256 fused128 18.2 against 26.7, M=512 fused128x2 28.3 against 41.9. Wide N keep the M-only plan, and
-    fill_waves=False keeps it everywhere."""
-    from mmaemit.kernels.dequant_dispatch import WAVE_FILL_MAX_M, WAVE_FILL_PATHS
+    fill_waves=False keeps it everywhere. Shorter rows that pad M by more than a quarter of their tile beyond the
+    plan's path lost on the H200 (docs/perf-notes.md, eighteenth session): those M keep the plan's path."""
+    from mmaemit.kernels.dequant_dispatch import WAVE_FILL_MAX_M, WAVE_FILL_PATHS, wave_fill_pads
 
     def tiles(dg, p, m):
         cfg = dg.configs[p]
@@ -425,11 +427,16 @@ def test_narrow_n_fills_one_wave_with_shorter_tiles():
             if p != p0:
                 assert p in WAVE_FILL_PATHS and 16 < m <= WAVE_FILL_MAX_M, (N, K, m, p, p0)
                 assert 2 * tiles(plain, p0, m) <= tiles(dg, p, m) <= 132, (N, K, m, p, p0)
+                assert wave_fill_pads(m, dg.configs[p].block_m, plain.configs[p0].block_m), (N, K, m, p, p0)
     for N, K in ((8192, 8192), (28672, 8192), (14336, 4096), (8448, 8192)):
         assert DequantGemm(N, K, arch="sm_90a").ranges == DequantGemm(N, K, arch="sm_90a", fill_waves=False).ranges
     assert DequantGemm(4096, 14336, arch="sm_90a").ranges[2:] == [
-        ("fused32", 17, 64), ("fused64", 65, 128), ("fused128", 129, 256), ("fused128x2", 257, 512),
+        ("fused32", 17, 32), ("fused48", 33, 48), ("fused32", 49, 64), ("fused96", 65, 96), ("fused64", 97, 128),
+        ("fused160", 129, 160), ("fused192", 161, 192), ("fused128", 193, 256), ("fused128x2", 257, 512),
         ("fused256", 513, None)]
+    # the rule's arithmetic: M rounded up to the short tile against M rounded up to the plan's, a quarter tile spare
+    assert wave_fill_pads(200, 128, 224) and not wave_fill_pads(160, 128, 160) and wave_fill_pads(100, 64, 128)
+    assert not wave_fill_pads(48, 32, 48) and wave_fill_pads(64, 32, 64) and not wave_fill_pads(80, 64, 96)
     with pytest.raises(ArgumentError, match="fill_waves='no'; valid: True, False"):
         DequantGemm(4096, 4096, arch="sm_90a", fill_waves="no")
     # the wave is the config's num_sms where one is set

@@ -316,15 +316,23 @@ def test_fused_hopper_handover_in_kept_stages_is_bit_identical(fmt, zeros, consu
     (13, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, activation_boxes="chunk")),
     (20, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, activation_boxes="chunk",
                     handover="stage")),
-    (41, True, dict(block_m=48, consumers=2, stages=3, chunks_per_stage=1)),       # two 64-row groups, no k_split
-    (50, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=1)),   # M > block_m: full boxes
-    (9, False, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=1, in_flight=0))])
+    (37, True, dict(block_m=48, consumers=2, stages=3, chunks_per_stage=1)),       # two 64-row groups, no k_split
+    (9, False, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=1, in_flight=0)),
+    # two and three tile rows, the last one short, after whole rows on the same CTA (which leave their activations,
+    # or with the kept-stage handover their sums, in the rows past the short box)
+    (50, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=1)),
+    (75, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, activation_boxes="chunk",
+                    handover="stage")),
+    # stage boxes: whole rows take one box per stage, the short row one per chunk
+    (37, True, dict(block_m=16, consumers=2, stages=4, k_split=True, chunks_per_stage=4)),
+    (70, False, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2)),
+    (64, True, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2))])          # no short row
 def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
-    """fit_rows=True: with M <= block_m the activation boxes carry roundup(M, 8) rows (encoded per launch, the
-    barrier armed for those bytes) and the tile rows past them are zeroed once per CTA instead of zero-filled by TMA
-    every stage. The bits of the full boxes: symbolic and static M, k_split and not, the kept-stage handover (which
-    later writes over those rows), and M past block_m (full boxes). A stage box (chunks land at box height) is
-    refused."""
+    """fit_rows=True: the last tile row's activation boxes carry its rows rounded up to 8 (M - (rows - 1) x
+    block_m; encoded per launch, the barrier armed for those bytes) and the tile rows past them are zeroed once per
+    CTA instead of zero-filled by TMA every stage. The bits of the full boxes: symbolic and static M, k_split and
+    not, the kept-stage handover (which later writes over those rows), one tile row and several, chunk and stage
+    boxes."""
     K = 512
     g = torch.Generator().manual_seed(M)
     qw = D.quantize(torch.randn(128, K, generator=g).half(), D.QuantScheme("int4", 128))
@@ -339,8 +347,6 @@ def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
         outs.append(C)
     assert not torch.isnan(outs[0]).any() and _rel(outs[0], A.double() @ qw.dequantize().double().T) < 3e-3
     assert torch.equal(outs[0], outs[1])
-    with pytest.raises(UnsupportedConfigError, match="fit_rows=True shortens each chunk's activation box"):
-        make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=True, chunks_per_stage=2))
     with pytest.raises(UnsupportedConfigError, match="fit_rows=1; valid: True, False"):
         make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=1))
 

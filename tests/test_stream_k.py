@@ -181,6 +181,8 @@ def _run(cfg, N, K, M, fmt="int4", zeros=None, seed=1, runs=1):
     ("two tile rows, 8-bit, kept stages", 192, 1024, 70, "int8", None,
      dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, num_sms=4, handover="stage",
           fit_rows=True, activation_boxes="chunk")),
+    ("two tile rows, stage boxes, fit_rows", 320, 1024, 45, "int4", None,
+     dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, fit_rows=True)),
 ])
 def test_stream_k_matches_the_float64_product(name, N, K, M, fmt, zeros, cfg):
     """Each case has a stream-K tail (pieces written to the workspace, some tiles completed by a CTA other than the

@@ -97,7 +97,7 @@ from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
            "EXTRA_PATHS", "FUSED_EVERY_M_BITS", "fused_serves_every_m", "GEMV16_CONFIGS", "gemv16_config",
            "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits",
-           "wide_tiles_fill", "STREAM_K_PATHS", "WAVE_FILL_PATHS", "WAVE_FILL_MAX_M", "prebuild", "warmup_all"]
+           "wide_tiles_fill", "STREAM_K_PATHS", "WAVE_FILL_PATHS", "WAVE_FILL_MAX_M", "wave_fill_pads", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -132,6 +132,20 @@ ONE_WAVE_PATHS = ("fused192", "fused224", "fused256k")
 #: against fused256 41.9 (cuBLAS fp16 9.2-12.1 and 15.4-29.6): each the path that fills one wave (128 tiles of 132)
 WAVE_FILL_PATHS = ("fused32", "fused64", "fused128", "fused128x2")
 WAVE_FILL_MAX_M = 512
+
+
+def wave_fill_pads(M, block_m, plan_block_m) -> bool:
+    """Whether tile rows of ``block_m`` may serve M in place of the plan's ``plan_block_m`` (``_fill_waves``): M
+    rounded up to ``block_m`` exceeds M rounded up to ``plan_block_m`` by at most ``block_m / 4`` rows. Just past a
+    multiple of ``block_m`` the shorter tiles' last row is mostly padding, the tall tile's rows are not, and stream-K
+    already spreads the tall row's work: on the H200 (int4 g128 fp16, both plans in one run, fit_rows; docs/perf-
+    notes.md, eighteenth session) 4096 x 14336 M = 33 / 48 / 65 / 80 / 129 / 160 took 0.77-0.82x the M-only plan's
+    time in shorter rows and 4096 x 4096 0.89-0.97x, while M = 64 / 100 / 128 / 200 / 256 / 512 (rows no longer than
+    the plan's, or by 32 at M=200) took 0.94-1.14x and 1.12-1.61x."""
+    def up(b):
+        return -(-M // b) * b
+
+    return up(block_m) <= up(plan_block_m) + block_m // 4
 #: weight widths whose fused paths also serve M <= 16 (``fused8``, ``fused16`` instead of the GEMVs): on the H100 at
 #: 8192 x 8192 g128 fp16 int8 took 28.5 us at M=1 with 8-row tiles against 45.0 for the GEMV; int4 17.3 vs 19.7 and
 #: int2 14.1 vs 19.1 keep the GEMV (docs/perf-notes.md, fifth session)
@@ -249,13 +263,17 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              # 6 (5 before: 21.8-22.8 us against 21.7-21.9 at M=48), fused224 4 (53.2-53.7 against 53.6-54.6); H100,
              # docs/perf-notes.md, fourteenth session
              "fused48": HopperDequantConfig(block_m=48, consumers=2, stages=6, k_split=True, chunks_per_stage=4,
-                                            chunks_per_group=2),
-             "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4),
-             # fit_rows (from fused96 up): activation boxes of roundup(M, 8) rows, not the tile's; TMA's zero fill
-             # of the rows past M cost ~25-40 % where a quarter or more of a tall tile's rows lie past M (H100 8192^2,
-             # default / fit: fused96 M=65 36.9-37.0 / 26.1-27.5 us, fused128 M=97 41.4-41.5 / 29.8-33.2, fused160
-             # M=129 44.9-45.1 / 35.1-40.3, fused224 M=193 56.2-56.3 / 49.8-51.0; the same at full tiles and fused64;
-             # docs/perf-notes.md, fifteenth session); one box per chunk (a stage box lands its chunks at box height)
+                                            chunks_per_group=2, fit_rows=True),
+             "fused64": HopperDequantConfig(block_m=64, consumers=2, stages=4, k_split=True, chunks_per_stage=4,
+                                            fit_rows=True),
+             # fit_rows (fused48 up to fused256k): the last tile row's activation boxes carry its rows rounded up
+             # to 8, not the tile's; TMA's zero fill of the rows past M cost ~25-40 % where a quarter or more of a
+             # tall tile's rows lie past M (H100 8192^2, default / fit: fused96 M=65 36.9-37.0 / 26.1-27.5 us,
+             # fused128 M=97 41.4-41.5 / 29.8-33.2, fused160 M=129 44.9-45.1 / 35.1-40.3, fused224 M=193 56.2-56.3 /
+             # 49.8-51.0; docs/perf-notes.md, fifteenth session) and ~70 % in the short last row of two (H200
+             # 4096 x 14336: fused64 M=65 61.4 / 37.2, fused128 M=129 96.0 / 52.7; fused48 M=33 23.9 / 22.7;
+             # eighteenth session). Not fused32 (its short rows' 4 boxes per stage: 1024 x 4096 M=129 9.4 / 10.4,
+             # M=200 9.6 / 11.2) nor fused128x2 (4096 x 4096 M=300 26.1 / 27.3) nor fused256 (not timed)
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
                                             lookahead=True, fit_rows=True, activation_boxes="chunk"),
              # fused128: 6 stages of 2 chunks, the sums handed over in the kept last stages (handover="stage": the
@@ -475,8 +493,9 @@ class DequantGemm:
         that gives the most tiles (tile rows of M x N / its weight rows) within one wave of its config's ``num_sms``
         or the visible GPU's SMs, ties to the taller tile, where that is at least twice the tiles of the span's own
         fused path (its one tall row of tiles then leaves half the SMs or more idle: narrow N such as attention's
-        1024 x 4096 and 4096 x 4096 or the MLP's 4096 x 14336). Wide N keep their plan (8192 x 8192 already fills a
-        wave)."""
+        1024 x 4096 and 4096 x 4096 or the MLP's 4096 x 14336) and its rows (M rounded up to its tile rows) exceed
+        the span path's by at most a quarter of its tile (:func:`wave_fill_pads`). Wide N keep their plan (8192 x
+        8192 already fills a wave)."""
         sms = _sm_count(None)
         cands = [p for p in WAVE_FILL_PATHS if self._fits(p)]
 
@@ -491,7 +510,8 @@ class DequantGemm:
             if p0 not in FUSED_PATHS or not cands:
                 return p0
             fill = [(tiles(p, M), self.configs[p].block_m, p) for p in cands
-                    if self.configs[p].block_m < M and tiles(p, M) <= wave(p)]
+                    if self.configs[p].block_m < M and tiles(p, M) <= wave(p)
+                    and wave_fill_pads(M, self.configs[p].block_m, self.configs[p0].block_m)]
             best = max(fill, default=None)
             return best[2] if best and best[0] >= 2 * tiles(p0, M) else p0
 

@@ -143,11 +143,14 @@ class HopperDequantConfig:
     exact ``fma`` by 1/16; :func:`mmaemit.dequant.decode.variants_of`) and ``"shift"`` elsewhere; an explicit variant
     the format lacks is an error; the same bits either way (H100, 8192^2 int4 fp16: M=48 20.7-21.1 us against
     21.5-22.3 with "shift"; ``docs/perf-notes.md``, fifteenth session).
-    ``fit_rows`` (with ``activation_boxes="chunk"``): when M <= ``block_m`` the activation boxes carry roundup(M, 8)
-    rows instead of ``block_m`` (the map is encoded per launch), so TMA does not zero-fill the rows past M every
-    stage; the tile rows past the box are zeroed once per CTA (later hand-over writes may leave other values there,
-    which only feed output rows the store clips). The same bits; H100, 8192^2 int4 fp16: fused128 at M=97 29.8-33.2
-    us against 41.4-41.5 (``docs/perf-notes.md``, fifteenth session).
+    ``fit_rows``: the last tile row's activation boxes carry its rows (M - (tile rows - 1) x ``block_m``) rounded up
+    to 8 instead of ``block_m``, one box per chunk whatever ``activation_boxes`` says (a second map of A, encoded
+    per launch), so TMA does not zero-fill the rows past M every stage; the tile rows past that box are zeroed once
+    per CTA (later whole-row loads and hand-over writes leave other values there, which only feed output rows the
+    store clips). The same bits; H100, 8192^2 int4 fp16: fused128 at M=97 29.8-33.2 us against 41.4-41.5
+    (``docs/perf-notes.md``, fifteenth session); H200 4096 x 14336, the short last row of two: fused64 M=65 37.2
+    against 61.4, fused128 M=129 52.7 against 96.0; slower where a stage box of 4 chunks becomes 4 boxes (fused32,
+    1024 x 4096 M=200: 11.2 against 9.6; eighteenth session).
     ``stream_k``: where the last wave of whole tiles would leave a tenth or more of the SMs idle and spreading it
     saves the busiest SM at least ``stream_k_min_chunks`` 64-deep chunks of K (decided at run time from M:
     :func:`stream_k_scheduler`), that wave's K work is spread evenly over every SM instead: each CTA first takes
@@ -540,14 +543,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     FIT = cfg.fit_rows
     if not isinstance(FIT, bool):
         raise UnsupportedConfigError(f"fit_rows={FIT!r}; valid: True, False")
-    if FIT and XST:
-        raise UnsupportedConfigError("fit_rows=True shortens each chunk's activation box, and a stage box lands its "
-                                     "chunks one after another at the box's height: use activation_boxes='chunk'")
     if XST:
         # A [M, K] viewed as [K / 64, M, 64]: the box's CPS chunk tiles of BT x 64 land one after another, Xs[s]
         x_map_t = TmaTile.for_layout((KT, M, CHUNK), em.shared_layout("B"), box_outer=(CPS,), strides=(CHUNK, K, 1))
     else:
         x_map_t = TmaTile.for_layout((M, K), em.shared_layout("B"))             # activations: the wgmma B tile
+    # fit_rows: the last tile row's activations travel in boxes of its rows rounded up to 8, one box per chunk (a
+    # stage box lands its chunks at box height), through a second map of A
+    xt_map_t = TmaTile.for_layout((M, K), em.shared_layout("B")) if XST and FIT else x_map_t
     # packed words, plain order: a tile's n16 block and chunk is 32 x WPC contiguous words, one box row of 128 x bits
     # bytes (measured at 4 bits: 3 % faster than the same box with 16-byte rows, [.., 32, WPC])
     w_map_t = TmaTile((N // 16, KT, 32 * WPC), "int32", (NB, CPS, 32 * WPC))
@@ -574,9 +577,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # u0 + o, then every STEP-th, kc of them): the stage it keeps with handover="stage"
         return plus(u0, ib) + o + STEP * (kc - 1)
 
+    GM_EXPR = (M + (BT - 1)) // BT if DYN else -(-M // BT)        # tile rows
+
     def x_rows():
-        # rows of an activation box: the tile's, or with fit_rows those up to M rounded up to 8 (M <= block_m)
-        return T.min(T.int32(BT), (M + 7) // 8 * 8) if FIT else BT
+        # rows of the last tile row's activation boxes: with fit_rows its rows up to M rounded up to 8, else the
+        # tile's
+        return T.min(T.int32(BT), ((M - 1) % BT + 8) // 8 * 8) if FIT else BT
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     SK = cfg.stream_k
     sms = _stream_k_workers(cfg)          # the stream-K fields checked; the persistent grid's SMs
@@ -592,9 +598,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     NG = KU // STEP                       # stream-K granules (k_split rounds of stages) per tile
     SKA = SK and NG >= 2
     if SKA:
-        sched = stream_k_scheduler(cfg, (M + (BT - 1)) // BT if DYN else -(-M // BT), N, K, sms)
+        sched = stream_k_scheduler(cfg, GM_EXPR, N, K, sms)
     elif DYN:
-        sched = PersistentTileScheduler((M + (BT - 1)) // BT, GN, sms, cfg.panel, 1)
+        sched = PersistentTileScheduler(GM_EXPR, GN, sms, cfg.panel, 1)
     else:
         GM = -(-M // BT)
         sched = PersistentTileScheduler(GM, GN, max(1, min(sms, GM * GN)), cfg.panel, 1)
@@ -889,7 +895,16 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             stored(Cs, cs_slot, c_map, acc, tmn, r, tid, read_back)
 
     @T.inline
-    def body(A, W, S, C, x_map, w_map, s_map, z_map, c_map, WSP=None, LKC=None):
+    def x_loads(Xs, x_map, s, uu, tm, it):
+        # a whole tile's activations of stage s (unit uu): one box per stage or per chunk
+        if XST:
+            x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), x_map, (uu * CPS, tm * BT, 0), ring.full_ptr(it))
+        else:
+            for j in range(CPS):
+                x_map_t.load(Xs.ptr_to([s, j, 0, 0]), x_map, (tm * BT, (uu * CPS + j) * CHUNK), ring.full_ptr(it))
+
+    @T.inline
+    def body(A, W, S, C, x_map, xt_map, w_map, s_map, z_map, c_map, WSP=None, LKC=None):
         T.attr(WarpgroupRoles.launch_attr())
         worker = T.cta_id([NW])
         wg = T.warpgroup_id([roles.warpgroups])
@@ -922,8 +937,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             T.ptx.griddepcontrol.launch_dependents()
         ring.init(T.And(wg == 0, tid == 0))
         if FIT:
-            # the tile rows past a short activation box are never loaded: zero them once (the wgmmas read them; their
-            # sums land in output rows the store clips), before the async proxy reads the stages
+            # the tile rows past the last tile row's short boxes: zeroed once, so that the wgmmas read defined values
+            # (their sums land in output rows the store clips; later whole-tile loads and hand-over writes leave other
+            # values there, as harmless), before the async proxy reads the stages
             if x_rows() < BT:
                 pieces = T.meta_var((BT - x_rows()) * 8)           # 16-byte pieces per chunk slot past the box
                 for i in T.serial((ST * CPS * pieces + roles.threads - 1) // roles.threads):
@@ -963,15 +979,19 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         s = T.meta_var(ring.stage(it))
                         if it % NP == p:
                             ring.producer_acquire(it)
-                            ring.producer_expect(it, STAGE_BYTES - CPS * (BT - x_rows()) * CHUNK * 2 if FIT
-                                                 else STAGE_BYTES)
-                            if XST:
-                                x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), x_map, (uu * CPS, tm * BT, 0),
-                                             ring.full_ptr(it))
+                            if FIT:
+                                if T.And(tm == GM_EXPR - 1, x_rows() < BT):
+                                    # the last tile row, short: its rows rounded up to 8, one box per chunk
+                                    ring.producer_expect(it, STAGE_BYTES - CPS * (BT - x_rows()) * CHUNK * 2)
+                                    for j in range(CPS):
+                                        xt_map_t.load(Xs.ptr_to([s, j, 0, 0]), xt_map,
+                                                      (tm * BT, (uu * CPS + j) * CHUNK), ring.full_ptr(it))
+                                else:
+                                    ring.producer_expect(it, STAGE_BYTES)
+                                    x_loads(Xs, x_map, s, uu, tm, it)
                             else:
-                                for j in range(CPS):
-                                    x_map_t.load(Xs.ptr_to([s, j, 0, 0]), x_map, (tm * BT, (uu * CPS + j) * CHUNK),
-                                                 ring.full_ptr(it))
+                                ring.producer_expect(it, STAGE_BYTES)
+                                x_loads(Xs, x_map, s, uu, tm, it)
                             w_map_t.load(Ws.ptr_to([s, 0, 0, 0, 0]), w_map, (tn * NB, uu * CPS, 0), ring.full_ptr(it))
                             for j in range(SPS):
                                 s_map_t.load(Ss.ptr_to([s, j, 0, 0, 0]), s_map,
@@ -1107,7 +1127,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     @T.inline
     def entry(A, W, S, Z, C, WSP, LKC):
-        x_map = x_map_t.encode(A, box=(x_rows(), CHUNK) if FIT else None)
+        x_map = x_map_t.encode(A)
+        xt_map = T.meta_var(xt_map_t.encode(A, box=(x_rows(), CHUNK)) if FIT else x_map)
         w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
         S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
         s_map = s_map_t.encode(S16)
@@ -1115,7 +1136,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                            else s_map)
         c_map = c_map_t.encode(C)
         T.device_entry()
-        body(A, W, S, C, x_map, w_map, s_map, z_map, c_map, WSP, LKC)
+        body(A, W, S, C, x_map, xt_map, w_map, s_map, z_map, c_map, WSP, LKC)
 
     if HAS_Z and SK:
         @T.prim_func
