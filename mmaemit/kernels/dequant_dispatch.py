@@ -273,7 +273,8 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              # 49.8-51.0; docs/perf-notes.md, fifteenth session) and ~70 % in the short last row of two (H200
              # 4096 x 14336: fused64 M=65 61.4 / 37.2, fused128 M=129 96.0 / 52.7; fused48 M=33 23.9 / 22.7;
              # eighteenth session). Not fused32 (its short rows' 4 boxes per stage: 1024 x 4096 M=129 9.4 / 10.4,
-             # M=200 9.6 / 11.2) nor fused128x2 (4096 x 4096 M=300 26.1 / 27.3) nor fused256 (not timed)
+             # M=200 9.6 / 11.2) nor fused128x2 (4096 x 4096 M=300 26.1 / 27.3; ptxas spills 144 bytes with it)
+             # nor fused256 (not timed)
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
                                             lookahead=True, fit_rows=True, activation_boxes="chunk"),
              # fused128: 6 stages of 2 chunks, the sums handed over in the kept last stages (handover="stage": the
