@@ -1,5 +1,6 @@
 """Stream-K tail against the data-parallel fused kernel (issue 9): ``DequantGemm.run_path`` of one fused path with
-``stream_k`` off and on, cuBLAS on the dequantized weight in the same run.
+``stream_k`` off and on (``--field``: another bool field of ``HopperDequantConfig``, e.g. ``fit_rows``), cuBLAS on
+the dequantized weight in the same run.
 
 Each case is ``NxK:path:M[,M...]``; the default cases are the shapes whose last wave leaves SMs idle on the H100
 (28672 x 8192: 448 tiles of 64 rows, 3.39 waves; 4096 x 14336: 64 tiles; 14336 x 4096: 224 tiles) and one that
@@ -10,6 +11,7 @@ deadlocked kernel costs seconds of device time, not the run's whole limit.
 
     python3 benchmarks/stream_k_study.py --rounds 3
     python3 benchmarks/stream_k_study.py --cases 28672x8192:fused128:100,128 --dtype bfloat16
+    python3 benchmarks/stream_k_study.py --field fit_rows --cases 4096x4096:fused128x2:300,512
 """
 from __future__ import annotations
 
@@ -45,9 +47,10 @@ def parse_setting(text: str):
         return key, value
 
 
-def plans(cases, dtype: str, weight_format="int4", arch="sm_90a", interpret=False, num_sms=None, overrides=None):
-    """{(N, K, path, stream_k): DequantGemm} with the path's default config (``overrides``: fields replaced in both),
-    stream_k off and on."""
+def plans(cases, dtype: str, weight_format="int4", arch="sm_90a", interpret=False, num_sms=None, overrides=None,
+          field="stream_k"):
+    """{(N, K, path, on): DequantGemm} with the path's default config (``overrides``: fields replaced in both),
+    ``field`` (a bool field of the config) off and on."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm
 
     out = {}
@@ -60,7 +63,7 @@ def plans(cases, dtype: str, weight_format="int4", arch="sm_90a", interpret=Fals
         for sk in (False, True):
             out[(n, k, path, sk)] = DequantGemm(n, k, 128, dtype, weight_format=weight_format, arch=arch,
                                                 interpret=interpret,
-                                                configs={path: dataclasses.replace(base, stream_k=sk)})
+                                                configs={path: dataclasses.replace(base, **{field: sk})})
     return out
 
 
@@ -115,6 +118,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hang-s", type=float, default=30.0, help="watchdog for each check launch (seconds)")
     ap.add_argument("--workers", type=int, default=16, help="parallel kernel builds")
+    ap.add_argument("--field", default="stream_k", help="the bool HopperDequantConfig field to time off and on")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="HopperDequantConfig fields replaced in both kernels of every case, e.g. handover=parallel")
     args = ap.parse_args(argv)
@@ -125,10 +129,13 @@ def main(argv=None):
     from mmaemit import dequant as D
     from mmaemit.dequant.kernel_layout import kernel_arguments
     from mmaemit.kernels.dequant_dispatch import _build_in_workers
+    from mmaemit.kernels.dequant_gemm_hopper import HopperDequantConfig
     from mmaemit.runtime.timing import copies_needed, time_rotating
 
     cases = [parse_case(c) for c in args.cases]
-    objs = plans(cases, args.dtype, overrides=overrides)
+    if not isinstance(getattr(HopperDequantConfig(), args.field, None), bool):
+        raise SystemExit(f"--field {args.field}: not a bool field of HopperDequantConfig")
+    objs = plans(cases, args.dtype, overrides=overrides, field=args.field)
     t0 = time.time()
     _build_in_workers([(o.spec(), key[2]) for key, o in objs.items()], workers=args.workers)
     print(f"built {len(objs)} kernels in {time.time() - t0:.0f} s", flush=True)
@@ -155,14 +162,14 @@ def main(argv=None):
                     if rnd == 0:
                         done = threading.Event()
 
-                        def watchdog(label=f"{n}x{k} {path} M={m} stream_k={sk}"):
+                        def watchdog(label=f"{n}x{k} {path} M={m} {args.field}={sk}"):
                             if not done.wait(args.hang_s):
                                 print(f"HANG: {label} did not finish within {args.hang_s} s", flush=True)
                                 os._exit(3)
                         threading.Thread(target=watchdog, daemon=True).start()
                         err, same = check(plan, path, A, tsl, A.float() @ dense[0].float().T, tol)
                         done.set()
-                        print(f"{n}x{k} {path} M={m} stream_k={sk}: rel {err:.2e}, repeat-identical {same}",
+                        print(f"{n}x{k} {path} M={m} {args.field}={sk}: rel {err:.2e}, repeat-identical {same}",
                               flush=True)
                     times.setdefault((n, k, path, m, sk), []).append(time_rotating(
                         [lambda ts=ts, plan=plan: plan.run_path(path, A, *ts, out=out) for ts in tsl]))
@@ -173,7 +180,8 @@ def main(argv=None):
         for m in ms:
             row = [f"{n}x{k} {path} M={m}"]
             for what in (False, True, "cuBLAS"):
-                label = {False: "data-parallel", True: "stream-K"}.get(what, what)
+                label = ({False: "data-parallel", True: "stream-K"} if args.field == "stream_k" else
+                         {False: f"{args.field}=False", True: f"{args.field}=True"}).get(what, what)
                 row.append(f"{label} " + " / ".join(f"{t:.1f}" for t in times[(n, k, path, m, what)]))
             print(" | ".join(row), flush=True)
 

@@ -90,3 +90,7 @@ def test_wave_fill_study_checks_on_the_interpreter():
     assert wave_fill_study.check_on_interpreter() == ("fused32", "fused64")
     assert stream_k_study.parse_setting("handover=parallel") == ("handover", "parallel")
     assert stream_k_study.parse_setting("stream_k_waves=None") == ("stream_k_waves", None)
+    # --field: another bool field off and on, the rest of the path's default config kept
+    objs = stream_k_study.plans([(4096, 4096, "fused128x2", [300])], "float16", field="fit_rows")
+    cfgs = {on: objs[(4096, 4096, "fused128x2", on)].configs["fused128x2"] for on in (False, True)}
+    assert [c.fit_rows for c in cfgs.values()] == [False, True] and cfgs[False].stream_k == cfgs[True].stream_k

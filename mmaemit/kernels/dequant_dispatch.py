@@ -272,9 +272,10 @@ _DEFAULTS = {"gemv8": GemvConfig(), "gemv16": GemvConfig(), "gemv32": GemvConfig
              # fused128 M=97 41.4-41.5 / 29.8-33.2, fused160 M=129 44.9-45.1 / 35.1-40.3, fused224 M=193 56.2-56.3 /
              # 49.8-51.0; docs/perf-notes.md, fifteenth session) and ~70 % in the short last row of two (H200
              # 4096 x 14336: fused64 M=65 61.4 / 37.2, fused128 M=129 96.0 / 52.7; fused48 M=33 23.9 / 22.7;
-             # eighteenth session). Not fused32 (its short rows' 4 boxes per stage: 1024 x 4096 M=129 9.4 / 10.4,
-             # M=200 9.6 / 11.2) nor fused128x2 (4096 x 4096 M=300 26.1 / 27.3; ptxas spills 144 bytes with it)
-             # nor fused256 (not timed)
+             # eighteenth session). Not fused32, fused128x2 or fused256, whose short rows lose the stage box (A/B in
+             # one run, H200: fused32 1024 x 4096 M=200 9.5 / 11.3, 8192^2 M=20 17.5 / 19.2; fused128x2 4096 x 4096
+             # M=300 26.3 / 27.5, 8192^2 M=300 96.3 / 97.6; fused256 8192^2 M = 600 / 1000 168.5 / 166.9, 199.7 /
+             # 204.6)
              "fused96": HopperDequantConfig(block_m=96, consumers=2, stages=6, k_split=True, chunks_per_stage=2,
                                             lookahead=True, fit_rows=True, activation_boxes="chunk"),
              # fused128: 6 stages of 2 chunks, the sums handed over in the kept last stages (handover="stage": the

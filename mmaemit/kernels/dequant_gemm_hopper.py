@@ -149,8 +149,8 @@ class HopperDequantConfig:
     per CTA (later whole-row loads and hand-over writes leave other values there, which only feed output rows the
     store clips). The same bits; H100, 8192^2 int4 fp16: fused128 at M=97 29.8-33.2 us against 41.4-41.5
     (``docs/perf-notes.md``, fifteenth session); H200 4096 x 14336, the short last row of two: fused64 M=65 37.2
-    against 61.4, fused128 M=129 52.7 against 96.0; slower where a stage box of 4 chunks becomes 4 boxes (fused32,
-    1024 x 4096 M=200: 11.2 against 9.6; eighteenth session).
+    against 61.4, fused128 M=129 52.7 against 96.0; slower where the short row's stage box becomes a box per chunk
+    and the row is not nearly empty (fused32, 1024 x 4096 M=200: 11.3 against 9.5; eighteenth session).
     ``stream_k``: where the last wave of whole tiles would leave a tenth or more of the SMs idle and spreading it
     saves the busiest SM at least ``stream_k_min_chunks`` 64-deep chunks of K (decided at run time from M:
     :func:`stream_k_scheduler`), that wave's K work is spread evenly over every SM instead: each CTA first takes
