@@ -118,7 +118,7 @@ def main(argv=None):
                 times[(n, k, m, False)] = times[(n, k, m, True)]
         del tsl, dl
     print(f"\n{args.dtype}, int4 g128, µs per round (median of time_rotating)")
-    print("| shape | M | wave-filling plan | µs | M-only plan | µs | gain | cuBLAS fp16 | vs cuBLAS |")
+    print(f"| shape | M | wave-filling plan | µs | M-only plan | µs | gain | cuBLAS {args.dtype} | vs cuBLAS |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (n, k), (filled, plain) in objs.items():
         for m in args.ms:
