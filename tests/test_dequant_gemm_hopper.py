@@ -326,7 +326,14 @@ def test_fused_hopper_handover_in_kept_stages_is_bit_identical(fmt, zeros, consu
     # stage boxes: whole rows take one box per stage, the short row one per chunk
     (37, True, dict(block_m=16, consumers=2, stages=4, k_split=True, chunks_per_stage=4)),
     (70, False, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2)),
-    (64, True, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2))])          # no short row
+    (64, True, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2)),          # no short row
+    # fit_stage_box: the short row's stage box of its height, its chunks at that height (the wgmmas step by it)
+    (37, True, dict(block_m=16, consumers=2, stages=4, k_split=True, chunks_per_stage=4, fit_stage_box=True)),
+    (70, False, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2, fit_stage_box=True)),
+    (20, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=4, chunks_per_group=2,
+                    fit_stage_box=True)),                                # chunk pairs, one short row
+    (75, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, handover="stage",
+                    fit_stage_box=True))])
 def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
     """fit_rows=True: the last tile row's activation boxes carry its rows rounded up to 8 (M - (rows - 1) x
     block_m; encoded per launch, the barrier armed for those bytes) and the tile rows past them are zeroed once per
@@ -340,7 +347,7 @@ def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
     A = torch.randn(M, K, generator=g).half()
     outs = []
     for fit in (False, True):
-        c = HopperDequantConfig(num_sms=1, fit_rows=fit, **cfg)
+        c = HopperDequantConfig(num_sms=1, **dict(cfg, fit_rows=fit, **({} if fit else {"fit_stage_box": False})))
         func, _ = make_dequant_gemm_hopper(None if sym else M, 128, K, config=c, **kw)
         C = torch.full((M, 128), float("nan"), dtype=torch.float16)
         assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
@@ -349,6 +356,8 @@ def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(UnsupportedConfigError, match="fit_rows=1; valid: True, False"):
         make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=1))
+    with pytest.raises(UnsupportedConfigError, match="fit_stage_box=True shortens the short row's stage box: it needs"):
+        make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=True, fit_stage_box=True))
 
 
 @pytest.mark.parametrize("sms, prefetch", [(1, None), (3, 0), (3, 9)])
