@@ -690,6 +690,34 @@ def test_fused_hopper_on_gpu(M, dtype, group):
 
 
 @pytest.mark.gpu
+def test_short_row_boxes_on_gpu():
+    """The short last tile row three ways on the GPU, bit-identical: zero-filled full boxes, ``fit_rows`` (a box per
+    chunk of the row's height) and ``fit_stage_box`` (one stage box of that height, the wgmmas stepping by it), for
+    the stage-box rings of fused32 / fused64 / fused128x2, one short row and a short row after whole rows, on 2
+    persistent CTAs (each walks several tiles, whole rows before the short one)."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    N, K = 512, 2048
+    g = torch.Generator().manual_seed(5)
+    qw = D.quantize(torch.randn(N, K, generator=g).half(), D.QuantScheme("int4", 128))
+    tensors, kw = kernel_arguments(qw)
+    tensors = [t.cuda() for t in tensors]
+    base = DequantGemm(N, K, arch="sm_90a", **kw).configs
+    for path, ms in (("fused32", (20, 75)), ("fused64", (40, 100)), ("fused128x2", (300,))):
+        plans = [DequantGemm(N, K, arch="sm_90a", configs={path: dataclasses.replace(
+            base[path], num_sms=2, fit_rows=fit, fit_stage_box=box)}, **kw)
+            for fit, box in ((False, False), (True, False), (True, True))]
+        for M in ms:
+            A = torch.randn(M, K, generator=g).half().cuda()
+            outs = [p.run_path(path, A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16,
+                                                                 device="cuda")) for p in plans]
+            torch.cuda.synchronize()
+            assert not torch.isnan(outs[0]).any(), (path, M)
+            assert _rel(outs[0].cpu(), A.cpu().double() @ qw.dequantize().double().T) < 3e-3, (path, M)
+            assert all(torch.equal(o, outs[0]) for o in outs[1:]), (path, M)
+
+
+@pytest.mark.gpu
 @pytest.mark.heavy
 @pytest.mark.parametrize("fmt, dtype, zeros_mode", [
     ("int4_ob", torch.float16, None), ("nf4", torch.float16, None), ("int8", torch.bfloat16, None),
