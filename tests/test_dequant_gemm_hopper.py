@@ -327,6 +327,7 @@ def test_fused_hopper_handover_in_kept_stages_is_bit_identical(fmt, zeros, consu
     (37, True, dict(block_m=16, consumers=2, stages=4, k_split=True, chunks_per_stage=4)),
     (70, False, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2)),
     (64, True, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2)),          # no short row
+    (64, False, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2)),   # static, none
     # fit_stage_box: the short row's stage box of its height, its chunks at that height (the wgmmas step by it)
     (37, True, dict(block_m=16, consumers=2, stages=4, k_split=True, chunks_per_stage=4, fit_stage_box=True)),
     (70, False, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2, fit_stage_box=True)),

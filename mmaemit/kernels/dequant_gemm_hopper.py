@@ -597,6 +597,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         # rows of the last tile row's activation boxes: with fit_rows its rows up to M rounded up to 8, else the
         # tile's
         return T.min(T.int32(BT), ((M - 1) % BT + 8) // 8 * 8) if FIT else BT
+
+    # whether a launch can have a short last row (a static M whose last row is whole has none: nothing to zero)
+    SHORT = FIT and (DYN or ((M - 1) % BT + 8) // 8 * 8 < BT)
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     SK = cfg.stream_k
     sms = _stream_k_workers(cfg)          # the stream-K fields checked; the persistent grid's SMs
@@ -952,7 +955,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         if PDL:
             T.ptx.griddepcontrol.launch_dependents()
         ring.init(T.And(wg == 0, tid == 0))
-        if FIT:
+        if SHORT:
             # the tile rows past the last tile row's short boxes: zeroed once, so that the wgmmas read defined values
             # (their sums land in output rows the store clips; later whole-tile loads and hand-over writes leave other
             # values there, as harmless), before the async proxy reads the stages
