@@ -600,6 +600,10 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     # whether a launch can have a short last row (a static M whose last row is whole has none: nothing to zero)
     SHORT = FIT and (DYN or ((M - 1) % BT + 8) // 8 * 8 < BT)
+
+    def short_row(tm):
+        # tile row tm is the last one and short (its activation boxes carry x_rows() rows)
+        return T.And(tm == GM_EXPR - 1, x_rows() < BT)
     smem = fused_smem_bytes(cfg, bits, G, HAS_Z)
     SK = cfg.stream_k
     sms = _stream_k_workers(cfg)          # the stream-K fields checked; the persistent grid's SMs
@@ -619,8 +623,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     elif DYN:
         sched = PersistentTileScheduler(GM_EXPR, GN, sms, cfg.panel, 1)
     else:
-        GM = -(-M // BT)
-        sched = PersistentTileScheduler(GM, GN, max(1, min(sms, GM * GN)), cfg.panel, 1)
+        sched = PersistentTileScheduler(GM_EXPR, GN, max(1, min(sms, GM_EXPR * GN)), cfg.panel, 1)
     NW = sched.workers
 
     def prologue_into(pre, worker):
@@ -754,7 +757,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         for jj, a_regs in ([(j - 1, afo)] if CPG == 2 else []) + [(j, af)]:
             for ks in range(KSTEPS):
                 em.mma([acc[i] for i in range(NACC)], [a_regs[4 * ks + i] for i in range(4)], desc, ks,
-                       **(dict(stage=(s, 0), n0=jj * rs) if SSB and jj > 0 else dict(stage=(s, jj))),
+                       stage=(s, 0) if SSB else (s, jj), n0=jj * rs if SSB and jj else 0,
                        scale_d=(u > first if jj == 0 else True) if ks == 0 else True)
         em.commit_group()
 
@@ -902,6 +905,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         if read_back:
             if tid == 0:
                 bulk_wait(0, read=True)          # the store has read C out of its staging slot
+
     @T.inline
     def store_tile(WSP, LKC, Flag, Cs, cs_slot, c_map, acc, worker, pre, tmn, r, tid, read_back=False):
         # the epilogue of 64-row group r from staging slot cs_slot (read_back: then wait until the store has read
@@ -915,7 +919,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     @T.inline
     def x_loads(Xs, x_map, s, uu, tm, it):
-        # a whole tile's activations of stage s (unit uu): one box per stage or per chunk
+        # a whole tile's activations of stage s (unit uu), one box per stage or per chunk, and the stage's barrier
+        # armed for the stage's bytes
+        ring.producer_expect(it, STAGE_BYTES)
         if XST:
             x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), x_map, (uu * CPS, tm * BT, 0), ring.full_ptr(it))
         else:
@@ -1007,8 +1013,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                         if it % NP == p:
                             ring.producer_acquire(it)
                             if FIT:
-                                if T.And(tm == GM_EXPR - 1, x_rows() < BT):
-                                    # the last tile row, short: its rows rounded up to 8, one box per chunk
+                                if short_row(tm):
+                                    # the last tile row, short: its rows rounded up to 8, one box per chunk (or
+                                    # with fit_stage_box one stage box of that height)
                                     ring.producer_expect(it, STAGE_BYTES - CPS * (BT - x_rows()) * CHUNK * 2)
                                     if SSB:
                                         x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), xt_map, (uu * CPS, tm * BT, 0),
@@ -1018,10 +1025,8 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                                             xt_map_t.load(Xs.ptr_to([s, j, 0, 0]), xt_map,
                                                           (tm * BT, (uu * CPS + j) * CHUNK), ring.full_ptr(it))
                                 else:
-                                    ring.producer_expect(it, STAGE_BYTES)
                                     x_loads(Xs, x_map, s, uu, tm, it)
                             else:
-                                ring.producer_expect(it, STAGE_BYTES)
                                 x_loads(Xs, x_map, s, uu, tm, it)
                             w_map_t.load(Ws.ptr_to([s, 0, 0, 0, 0]), w_map, (tn * NB, uu * CPS, 0), ring.full_ptr(it))
                             for j in range(SPS):
@@ -1071,7 +1076,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 if SSB:
                     # the rows between a stage's chunks: the short last row's box height there, else block_m
                     rsv[0] = BT
-                    if tm == GM_EXPR - 1:
+                    if short_row(tm):
                         rsv[0] = x_rows()
                 RS = T.meta_var(rsv[0] if SSB else BT)
                 KC = T.meta_var(KU // STEP if not SKA else tmn[3] // STEP)     # this consumer's units of the item
