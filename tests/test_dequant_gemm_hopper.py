@@ -691,12 +691,13 @@ def test_fused_hopper_on_gpu(M, dtype, group):
 
 
 @pytest.mark.gpu
-def test_short_row_boxes_on_gpu():
+def test_short_row_boxes_on_gpu(monkeypatch):
     """The short last tile row three ways on the GPU, bit-identical: zero-filled full boxes, ``fit_rows`` (a box per
     chunk of the row's height) and ``fit_stage_box`` (one stage box of that height, the wgmmas stepping by it), for
-    the stage-box rings of fused32 / fused64 / fused128x2, one short row and a short row after whole rows, on 2
-    persistent CTAs (each walks several tiles, whole rows before the short one)."""
-    from mmaemit.kernels.dequant_dispatch import DequantGemm
+    the stage-box rings of fused32 (4 chunks per stage, four consumers splitting K) and fused128x2 (2 chunks, two
+    consumer warpgroups), one short row and a short row after whole rows, on 2 persistent CTAs (each walks several
+    tiles, whole rows before the short one). The six kernels build in parallel worker processes."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm, prebuild
 
     N, K = 512, 2048
     g = torch.Generator().manual_seed(5)
@@ -704,14 +705,17 @@ def test_short_row_boxes_on_gpu():
     tensors, kw = kernel_arguments(qw)
     tensors = [t.cuda() for t in tensors]
     base = DequantGemm(N, K, arch="sm_90a", **kw).configs
-    for path, ms in (("fused32", (20, 75)), ("fused64", (40, 100)), ("fused128x2", (300,))):
-        plans = [DequantGemm(N, K, arch="sm_90a", configs={path: dataclasses.replace(
-            base[path], num_sms=2, fit_rows=fit, fit_stage_box=box)}, **kw)
-            for fit, box in ((False, False), (True, False), (True, True))]
+    cases = (("fused32", (20, 75)), ("fused128x2", (300,)))
+    plans = {path: [DequantGemm(N, K, arch="sm_90a", configs={path: dataclasses.replace(
+        base[path], num_sms=2, fit_rows=fit, fit_stage_box=box)}, **kw)
+        for fit, box in ((False, False), (True, False), (True, True))] for path, _ in cases}
+    monkeypatch.setenv("MMAEMIT_CUBIN_CACHE", "1")        # prebuild sets it; restored after the test
+    prebuild([dict(p.spec(), paths=[path]) for path, ps in plans.items() for p in ps], workers=6)
+    for path, ms in cases:
         for M in ms:
             A = torch.randn(M, K, generator=g).half().cuda()
             outs = [p.run_path(path, A, *tensors, out=torch.full((M, N), float("nan"), dtype=torch.float16,
-                                                                 device="cuda")) for p in plans]
+                                                                 device="cuda")) for p in plans[path]]
             torch.cuda.synchronize()
             assert not torch.isnan(outs[0]).any(), (path, M)
             assert _rel(outs[0].cpu(), A.cpu().double() @ qw.dequantize().double().T) < 3e-3, (path, M)
