@@ -310,3 +310,25 @@ def test_conventions_register_budget_and_spills():
 
         use = mmaemit.compile(ns["gemm"], target="sm_90a").resource_usage()
     assert not use.uses_local_memory and use.registers <= 255
+
+
+def test_measured_plan_readme():
+    """The measured-plan block, with the GPU's timing replaced by a cost model (the rows of tiles x their height;
+    fused32 at 0.8 of that) on the interpreter's object: it runs, prints the table, and the plan it leaves serves
+    M = 17..512 from the measurement and the rules elsewhere. The real measurement: test_dequant_plan.py (GPU)."""
+    block = next(code for _, marker, code in readme_blocks() if marker and "test_measured_plan_readme" in marker)
+    assert 'DequantGemm(4096, 4096, 128, "float16")' in block and "measure_plan(g, max_m=512)" in block
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    def model(path, m, base):
+        bm = ns["g"].configs[path].block_m
+        return -(-m // bm) * bm * (0.8 if path == "fused32" else 1.0)
+    ns = {"__name__": "__readme__", "model": model}
+    code = block.replace('DequantGemm(4096, 4096, 128, "float16")',
+                         'DequantGemm(4096, 4096, 128, "float16", arch="sm_90a", interpret=True)')
+    code = code.replace("measure_plan(g, max_m=512)", "measure_plan(g, max_m=512, timer=model)")
+    exec(compile(code, "README.md (measured plan)", "exec"), ns)
+    g, plan = ns["g"], ns["plan"]
+    assert isinstance(g, DequantGemm) and plan.max_m == 512 and g.ranges != g.rule_ranges
+    assert g.path_for(100) == "fused32" and g.path_for(600) == next(p for p, lo, hi in g.rule_ranges
+                                                                    if lo <= 600 and (hi is None or hi >= 600))

@@ -71,7 +71,8 @@ sm_90a the tiled path serves every M above 32. Paths whose tiles do not divide N
 (the next path up takes their range). ``warmup()`` compiles every path; after it a call only checks the arguments and
 launches (no compile, no host synchronisation, outputs and the scratch from torch's caching allocator), so the calls
 can be captured in a CUDA graph. With ``interpret=True`` (or ``MMAEMIT_INTERPRET=1``) the same PrimFuncs run on the
-CPU interpreter instead (tests).
+CPU interpreter instead (tests). The plan above is rules; :mod:`mmaemit.kernels.dequant_plan` measures one per problem
+on the GPU that serves (``measure_plan``), and ``plan=`` / :meth:`DequantGemm.set_plan` take its spans.
 """
 from __future__ import annotations
 
@@ -368,12 +369,15 @@ class DequantGemm:
     a call returns act(gate) * up, [M, N / 2]: the GEMVs gate in their epilogue (:meth:`gates_in_kernel`, float32,
     one rounding), the other paths gate their [M, N] output with torch (``gate_into``: as an unfused module).
     ``fill_waves``: True (default) lets narrow N take several rows of shorter tiles where one row of the M-tall tile
-    leaves half the SMs or more idle (:data:`WAVE_FILL_PATHS`); False plans by M alone.
+    leaves half the SMs or more idle (:data:`WAVE_FILL_PATHS`); False plans by M alone. ``plan``: spans
+    [(path, first M, last M)] that replace the rules' plan from M=1 up to the last span's last M (the rules serve
+    above it), e.g. a measured plan (:func:`~mmaemit.kernels.dequant_plan.measure_plan`, whose result is accepted
+    as is); :meth:`set_plan` does the same on a built object. :attr:`rule_ranges` keeps the rules' plan.
     """
 
     def __init__(self, N, K, group_size=128, dtype="float16", weight_format="int4", zeros_mode=None, arch=None, *,
                  large_m=None, wide_m=None, dense_m=None, fused=None, configs=None, interpret=None, gated=None,
-                 fill_waves=True):
+                 fill_waves=True, plan=None):
         from mmaemit.arch import as_arch, device_arch
         from mmaemit.errors import ArchError
 
@@ -428,12 +432,59 @@ class DequantGemm:
         self._spec = dict(N=self.N, K=self.K, group_size=group_size, dtype=self.dtype, weight_format=weight_format,
                           zeros_mode=zeros_mode, arch=self.arch, large_m=large_m, wide_m=wide_m, dense_m=dense_m,
                           fused=fused, configs=dict(configs or {}), interpret=self.interpret, gated=self.gated,
-                          fill_waves=fill_waves)
+                          fill_waves=fill_waves, plan=None)
         self.fill_waves = fill_waves
-        self.ranges = self._plan()
+        #: the rules' plan (this module's doc); :attr:`ranges` is the plan in use
+        self.rule_ranges = self._plan()
+        self.ranges = list(self.rule_ranges)
         self._funcs: dict = {}
         self._kernels: dict = {}
         self._sk_buffers: dict = {}
+        if plan is not None:
+            self.set_plan(plan)
+
+    def set_plan(self, plan):
+        """Serve M = 1 .. L by ``plan`` and M > L by the rules' plan (:attr:`rule_ranges`); returns self.
+
+        ``plan``: spans [(path, first M, last M)] from M=1, each starting where the previous one ends, L the last
+        span's last M (a finite int), every path one of :meth:`runnable_paths` and a GEMV only up to its ``m_max``;
+        or an object with a ``spans`` attribute holding them (a
+        :class:`~mmaemit.kernels.dequant_plan.MeasuredPlan`); None restores the rules' plan. Paths not compiled yet
+        compile on first use (or :meth:`warmup`)."""
+        if plan is None:
+            self.ranges = list(self.rule_ranges)
+            self._spec["plan"] = None
+            return self
+        spans = [tuple(s) for s in getattr(plan, "spans", plan)]
+        runnable = self.runnable_paths()
+        nxt = 1
+        for s in spans:
+            if len(s) != 3 or not isinstance(s[0], str) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                                       for v in s[1:]):
+                raise ArgumentError(f"plan span {s!r}: each span is (path, first M, last M) with int bounds")
+            path, lo, hi = s
+            if path not in runnable:
+                raise UnsupportedConfigError(f"plan span {s!r}: path {path!r} cannot run this problem here; valid: "
+                                             f"{choices(runnable)}")
+            if lo != nxt or hi < lo:
+                raise ArgumentError(f"plan span {s!r}: spans must cover M = 1, 2, ... in order without gaps (this "
+                                    f"one should start at {nxt} and end at or after its start)")
+            if path.startswith("gemv") and hi > int(path[4:]):
+                raise ArgumentError(f"plan span {s!r}: path {path} serves M <= {path[4:]}, not up to {hi}")
+            nxt = hi + 1
+        if not spans:
+            raise ArgumentError("plan: at least one span (path, 1, last M); None restores the rules' plan")
+        top = spans[-1][2]
+        rest = [(p, max(lo, top + 1), hi) for p, lo, hi in self.rule_ranges if hi is None or hi > top]
+        merged = []
+        for p, lo, hi in spans + rest:            # join a span to the previous one where it continues the same path
+            if merged and merged[-1][0] == p and merged[-1][2] == lo - 1:
+                merged[-1] = (p, merged[-1][1], hi)
+            else:
+                merged.append((p, lo, hi))
+        self.ranges = merged
+        self._spec["plan"] = spans
+        return self
 
     def _default_fused(self, path, cfg):
         """A fused path's default config for this problem: the 8-bit ring shape; for K that is not a multiple of its

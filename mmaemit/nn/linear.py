@@ -434,10 +434,27 @@ def warmup(model, workers=None) -> float:
     :func:`~mmaemit.kernels.dequant_dispatch.warmup_all`. Returns the wall time in seconds."""
     from mmaemit.kernels.dequant_dispatch import warmup_all
 
+    return warmup_all(_layer_gemms(model), workers)
+
+
+def _layer_gemms(model) -> list:
+    """The distinct shared DequantGemms of the CUDA quantized layers in ``model`` (a module or an iterable of layers)."""
     layers = model.modules() if isinstance(model, nn.Module) else model
     gemms = {}
     for layer in layers:
         if isinstance(layer, (QuantLinear, QuantGatedLinear)) and layer.qweight.is_cuda:
             g = layer.gemm()
             gemms[id(g)] = g
-    return warmup_all(list(gemms.values()), workers)
+    return list(gemms.values())
+
+
+def measure_plans(model, max_m=None, **kwargs) -> list:
+    """Measure the plan of every distinct CUDA layer problem in ``model`` (as :func:`warmup` finds them) on the
+    visible GPU, store it and use it from now on, in this process and later ones
+    (:func:`~mmaemit.kernels.dequant_plan.measure_plan`, whose keyword arguments ``kwargs`` takes; ``max_m``: its
+    last measured M, None = :data:`~mmaemit.kernels.dequant_plan.PLAN_MAX_M`). Returns [(the problem's DequantGemm,
+    its MeasuredPlan)]. A plan already stored for a problem, GPU and the same kernel sources is reused
+    (``force=True`` measures again)."""
+    from mmaemit.kernels.dequant_plan import PLAN_MAX_M, measure_plan
+
+    return [(g, measure_plan(g, max_m=PLAN_MAX_M if max_m is None else max_m, **kwargs)) for g in _layer_gemms(model)]

@@ -6,7 +6,8 @@ bfloat16, qweight / scales / zeros in the kernel layout (:func:`mmaemit.dequant.
 
 * CUDA: one :class:`~mmaemit.kernels.dequant_dispatch.DequantGemm` per (N, K, group, dtype, format, zeros mode,
   device), shared by every layer of that shape; each M path compiles on its first use (:func:`warmup` compiles all
-  of them, do it before serving or CUDA-graph capture).
+  of them, do it before serving or CUDA-graph capture). Its plan is the measured one stored for the problem on this
+  GPU where there is one (:mod:`mmaemit.kernels.dequant_plan`; ``MMAEMIT_DEQUANT_PLAN=rules`` ignores it).
 * CPU: the exact reference (the kernel-layout tensors dequantized in float64 by the documented formulas, the product
   in float32, rounded once to x's dtype), or, with ``MMAEMIT_INTERPRET=1``, the same kernels on the CPU interpreter.
 * a fake (meta) implementation gives the output's shape and dtype, so ``torch.compile(fullgraph=True)`` traces it.
@@ -57,7 +58,21 @@ def gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device=None, *,
             dt = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, dtype)
             g = _GEMMS[key] = DequantGemm(N, K, group_size, dt, weight_format, zeros_mode or None, arch,
                                           interpret=interpret, gated=gated or None)
+            if arch is not None and _plan_mode() == "stored":
+                from mmaemit.kernels.dequant_plan import stored_plan
+
+                plan = stored_plan(g)
+                if plan is not None:
+                    g.set_plan(plan)
         return g
+
+
+def _plan_mode() -> str:
+    mode = os.environ.get("MMAEMIT_DEQUANT_PLAN", "stored")
+    if mode not in ("stored", "rules"):
+        raise ArgumentError(f"MMAEMIT_DEQUANT_PLAN={mode!r}; valid: 'stored' (a measured plan of the problem where "
+                            f"one is stored, mmaemit.kernels.dequant_plan), 'rules'")
+    return mode
 
 
 def warmup(N, K, group_size, dtype, weight_format, zeros_mode, device, workers=None, gated=None):
