@@ -406,15 +406,20 @@ def test_narrow_n_fills_one_wave_with_shorter_tiles():
     9.4 against fused256k's 16.6, M=512 fused64 12.6 against fused256's 23.7; 4096 x 4096 M=128 fused64 12.7 against
     15.0, M=256 fused128 18.2 against 26.7, M=512 fused128x2 28.3 against 41.9. Wide N keep the M-only plan, and
     fill_waves=False keeps it everywhere. Shorter rows that pad M by more than a quarter of their tile beyond the
-    plan's path lost on the H200 (docs/perf-notes.md, eighteenth session): those M keep the plan's path."""
-    from mmaemit.kernels.dequant_dispatch import WAVE_FILL_MAX_M, WAVE_FILL_PATHS, wave_fill_pads
+    plan's path lost on the H200 (docs/perf-notes.md, eighteenth session): those M keep the plan's path. Where no
+    such path serves, two rows of the shortest TWO_ROW_PATHS tile replace one row of fused192 or fused128x2's tiles
+    (H200, nineteenth session, in one run against them: 4096 x 4096 M=192 fused96 14.6 us against 21.9, M=300
+    fused160 20.3 against 26.0; 4096 x 14336 M=257 fused160 70.3 against 87.0, M=448 fused224 85.8 against 100.1)."""
+    from mmaemit.kernels.dequant_dispatch import TWO_ROW_PATHS, WAVE_FILL_MAX_M, WAVE_FILL_PATHS, wave_fill_pads
 
     def tiles(dg, p, m):
         cfg = dg.configs[p]
         return -(-m // cfg.block_m) * (dg.N // cfg.weight_rows)
 
     measured = {(1024, 4096): {128: "fused32", 256: "fused32", 512: "fused64"},
-                (4096, 4096): {128: "fused64", 256: "fused128", 512: "fused128x2"}}
+                (4096, 4096): {128: "fused64", 256: "fused128", 512: "fused128x2", 192: "fused96", 300: "fused160",
+                               384: "fused192", 448: "fused224"},
+                (4096, 14336): {161: "fused96", 257: "fused160", 352: "fused192", 400: "fused224"}}
     for (N, K), best in measured.items():
         dg = DequantGemm(N, K, arch="sm_90a")
         assert {m: dg.path_for(m) for m in best} == best, dg.ranges
@@ -424,7 +429,12 @@ def test_narrow_n_fills_one_wave_with_shorter_tiles():
         assert [r[1] for r in spans] == [1] + [r[2] + 1 for r in spans[:-1]] and spans[-1][2] is None
         for m in range(1, 2 * WAVE_FILL_MAX_M):
             p, p0 = dg.path_for(m), plain.path_for(m)
-            if p != p0:
+            if p != p0 and p in TWO_ROW_PATHS and p not in WAVE_FILL_PATHS:
+                bm = dg.configs[p].block_m
+                assert p0 in ("fused192", "fused128x2") and bm < m <= 2 * bm, (N, K, m, p, p0)
+                assert tiles(dg, p, m) == 2 * N // 64 <= 132 and dg.configs[p].weight_rows == 64, (N, K, m, p, p0)
+                assert not any(bm > dg.configs[q].block_m >= m / 2 for q in TWO_ROW_PATHS), (N, K, m, p)  # shortest
+            elif p != p0:
                 assert p in WAVE_FILL_PATHS and 16 < m <= WAVE_FILL_MAX_M, (N, K, m, p, p0)
                 assert 2 * tiles(plain, p0, m) <= tiles(dg, p, m) <= 132, (N, K, m, p, p0)
                 assert wave_fill_pads(m, dg.configs[p].block_m, plain.configs[p0].block_m), (N, K, m, p, p0)
@@ -432,8 +442,8 @@ def test_narrow_n_fills_one_wave_with_shorter_tiles():
         assert DequantGemm(N, K, arch="sm_90a").ranges == DequantGemm(N, K, arch="sm_90a", fill_waves=False).ranges
     assert DequantGemm(4096, 14336, arch="sm_90a").ranges[2:] == [
         ("fused32", 17, 32), ("fused48", 33, 48), ("fused32", 49, 64), ("fused96", 65, 96), ("fused64", 97, 128),
-        ("fused160", 129, 160), ("fused192", 161, 192), ("fused128", 193, 256), ("fused128x2", 257, 512),
-        ("fused256", 513, None)]
+        ("fused160", 129, 160), ("fused96", 161, 192), ("fused128", 193, 256), ("fused160", 257, 320),
+        ("fused192", 321, 384), ("fused224", 385, 448), ("fused128x2", 449, 512), ("fused256", 513, None)]
     # the rule's arithmetic: M rounded up to the short tile against M rounded up to the plan's, a quarter tile spare
     assert wave_fill_pads(200, 128, 224) and not wave_fill_pads(160, 128, 160) and wave_fill_pads(100, 64, 128)
     assert not wave_fill_pads(48, 32, 48) and wave_fill_pads(64, 32, 64) and not wave_fill_pads(80, 64, 96)
@@ -441,7 +451,7 @@ def test_narrow_n_fills_one_wave_with_shorter_tiles():
         DequantGemm(4096, 4096, arch="sm_90a", fill_waves="no")
     # the wave is the config's num_sms where one is set
     few = {p: dataclasses.replace(DequantGemm(4096, 4096, arch="sm_90a").configs[p], num_sms=64)
-           for p in WAVE_FILL_PATHS}
+           for p in WAVE_FILL_PATHS + TWO_ROW_PATHS}
     assert DequantGemm(4096, 4096, arch="sm_90a", configs=few).ranges == \
         DequantGemm(4096, 4096, arch="sm_90a", configs=few, fill_waves=False).ranges
 

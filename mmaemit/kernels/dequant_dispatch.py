@@ -31,7 +31,9 @@ path            M range (defaults)    kernel
 ``fused256k``   225 .. 256            the same, 256 activation rows, 4 stages
 ``fused128x2``  257 .. 511            128 x 128 tiles, two consumer warpgroups, 4 stages of 2 chunks (from 161 where
                                       the one-wave tiles do not fit; not where ``fused256``'s tiles fill the GPU
-                                      at one tile row, :func:`wide_tiles_fill`: then ``fused256`` serves from 161)
+                                      at one tile row, :func:`wide_tiles_fill`: then ``fused256`` serves from 161;
+                                      where two rows of block_m x 64 tiles fit one wave, M = 257 .. 448 take them,
+                                      :data:`TWO_ROW_PATHS`)
 ``fused256``    512 ..                256 x 128 tiles, two consumers, 4 stages, panels of 4 tile rows
 ``dense``       ``dense_m`` ..        :func:`~mmaemit.kernels.dequant_dense.make_dequant_to_dense` into an fp16 /
                                       bf16 scratch [N, K], then the Hopper TMA + wgmma GEMM
@@ -98,7 +100,7 @@ from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
            "EXTRA_PATHS", "FUSED_EVERY_M_BITS", "fused_serves_every_m", "GEMV16_CONFIGS", "gemv16_config",
            "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits",
-           "wide_tiles_fill", "STREAM_K_PATHS", "WAVE_FILL_PATHS", "WAVE_FILL_MAX_M", "wave_fill_pads", "prebuild", "warmup_all"]
+           "wide_tiles_fill", "STREAM_K_PATHS", "WAVE_FILL_PATHS", "WAVE_FILL_MAX_M", "TWO_ROW_PATHS", "wave_fill_pads", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -133,6 +135,18 @@ ONE_WAVE_PATHS = ("fused192", "fused224", "fused256k")
 #: against fused256 41.9 (cuBLAS fp16 9.2-12.1 and 15.4-29.6): each the path that fills one wave (128 tiles of 132)
 WAVE_FILL_PATHS = ("fused32", "fused64", "fused128", "fused128x2")
 WAVE_FILL_MAX_M = 512
+#: block_m x 64 tiles (two consumers splitting K) that :meth:`DequantGemm._fill_waves` gives two tile rows in place of
+#: one row of ``fused192`` or of ``fused128x2``'s 128 x 128 tiles, where both rows fit one wave (2 N / 64 tiles: N
+#: up to 4224 on 132 SMs) and no :data:`WAVE_FILL_PATHS` path serves: the shortest whose tile holds M in two rows.
+#: Why (H200, int4 g128 fp16, measured plans validated in one run, docs/perf-notes.md, nineteenth session): 4096 x
+#: 4096 M = 161-176 fused96 15.5-15.8 µs against fused192's 21.7-21.8, M = 289-304 fused160 20.7-22.6 against
+#: fused128x2's 26.1-26.3, M = 353-368 fused192 22.9-25.1 against 26.2-26.5; 4096 x 14336 fused96 45.4-47.4 against
+#: 48.5-49.8, fused160 66.8-71.8 against 84.0-86.6, fused192 83.3-84.6 against 88.5-89.4, M = 417-432 fused224
+#: 85.2-90.7 against 99.3-101.2 (4096 x 4096 M = 385-448: within 2 %). Not fused256k: its two rows lost at 4096 x
+#: 4096 M = 449-512 (29.0-29.8 against 27.2-27.7); not in place of fused160 (M = 129-160: fused96's two rows won
+#: 1.13-1.17x at K = 4096 but lost at K = 14336, 46.4 against 43.7)
+TWO_ROW_PATHS = ("fused96", "fused160", "fused192", "fused224")
+_TWO_ROW_REPLACES = ("fused192", "fused128x2")
 
 
 def wave_fill_pads(M, block_m, plan_block_m) -> bool:
@@ -547,8 +561,9 @@ class DequantGemm:
         or the visible GPU's SMs, ties to the taller tile, where that is at least twice the tiles of the span's own
         fused path (its one tall row of tiles then leaves half the SMs or more idle: narrow N such as attention's
         1024 x 4096 and 4096 x 4096 or the MLP's 4096 x 14336) and its rows (M rounded up to its tile rows) exceed
-        the span path's by at most a quarter of its tile (:func:`wave_fill_pads`). Wide N keep their plan (8192 x
-        8192 already fills a wave)."""
+        the span path's by at most a quarter of its tile (:func:`wave_fill_pads`); where none does and the span's
+        path is ``fused192`` or ``fused128x2``, the shortest :data:`TWO_ROW_PATHS` path whose tile holds M in two
+        rows within one wave. Wide N keep their plan (8192 x 8192 already fills a wave)."""
         sms = _sm_count(None)
         cands = [p for p in WAVE_FILL_PATHS if self._fits(p)]
 
@@ -566,7 +581,15 @@ class DequantGemm:
                     if self.configs[p].block_m < M and tiles(p, M) <= wave(p)
                     and wave_fill_pads(M, self.configs[p].block_m, self.configs[p0].block_m)]
             best = max(fill, default=None)
-            return best[2] if best and best[0] >= 2 * tiles(p0, M) else p0
+            if best and best[0] >= 2 * tiles(p0, M):
+                return best[2]
+            if p0 in _TWO_ROW_REPLACES:     # two rows of block_m x 64 tiles (TWO_ROW_PATHS)
+                two = [(self.configs[p].block_m, p) for p in TWO_ROW_PATHS if self._fits(p)
+                       and self.configs[p].weight_rows == 64 and self.configs[p].block_m < M <= 2 * self.configs[p].block_m
+                       and tiles(p, M) <= wave(p)]
+                if two:
+                    return min(two)[1]
+            return p0
 
         out = []
 
