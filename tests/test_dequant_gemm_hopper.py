@@ -327,14 +327,7 @@ def test_fused_hopper_handover_in_kept_stages_is_bit_identical(fmt, zeros, consu
     (37, True, dict(block_m=16, consumers=2, stages=4, k_split=True, chunks_per_stage=4)),
     (70, False, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2)),
     (64, True, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2)),          # no short row
-    (64, False, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2)),   # static, none
-    # fit_stage_box: the short row's stage box of its height, its chunks at that height (the wgmmas step by it)
-    (37, True, dict(block_m=16, consumers=2, stages=4, k_split=True, chunks_per_stage=4, fit_stage_box=True)),
-    (70, False, dict(block_m=32, consumers=2, stages=4, chunks_per_stage=2, fit_stage_box=True)),
-    (20, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=4, chunks_per_group=2,
-                    fit_stage_box=True)),                                # chunk pairs, one short row
-    (75, True, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2, handover="stage",
-                    fit_stage_box=True))])
+    (64, False, dict(block_m=32, consumers=2, stages=4, k_split=True, chunks_per_stage=2))])  # static, none
 def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
     """fit_rows=True: the last tile row's activation boxes carry its rows rounded up to 8 (M - (rows - 1) x
     block_m; encoded per launch, the barrier armed for those bytes) and the tile rows past them are zeroed once per
@@ -348,7 +341,7 @@ def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
     A = torch.randn(M, K, generator=g).half()
     outs = []
     for fit in (False, True):
-        c = HopperDequantConfig(num_sms=1, **dict(cfg, fit_rows=fit, **({} if fit else {"fit_stage_box": False})))
+        c = HopperDequantConfig(num_sms=1, **dict(cfg, fit_rows=fit))
         func, _ = make_dequant_gemm_hopper(None if sym else M, 128, K, config=c, **kw)
         C = torch.full((M, 128), float("nan"), dtype=torch.float16)
         assert mmaemit.interpret(func, A, *tensors, C, arch="sm_90a").ok
@@ -357,8 +350,6 @@ def test_fused_hopper_fit_rows_is_bit_identical(M, sym, cfg):
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(UnsupportedConfigError, match="fit_rows=1; valid: True, False"):
         make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=1))
-    with pytest.raises(UnsupportedConfigError, match="fit_stage_box=True shortens the short row's stage box: it needs"):
-        make_dequant_gemm_hopper(None, 128, K, config=HopperDequantConfig(fit_rows=True, fit_stage_box=True))
 
 
 @pytest.mark.parametrize("sms, prefetch", [(1, None), (3, 0), (3, 9)])
@@ -692,11 +683,11 @@ def test_fused_hopper_on_gpu(M, dtype, group):
 
 @pytest.mark.gpu
 def test_short_row_boxes_on_gpu(monkeypatch):
-    """The short last tile row three ways on the GPU, bit-identical: zero-filled full boxes, ``fit_rows`` (a box per
-    chunk of the row's height) and ``fit_stage_box`` (one stage box of that height, the wgmmas stepping by it), for
-    the stage-box rings of fused32 (4 chunks per stage, four consumers splitting K) and fused128x2 (2 chunks, two
-    consumer warpgroups), one short row and a short row after whole rows, on 2 persistent CTAs (each walks several
-    tiles, whole rows before the short one). The six kernels build in parallel worker processes."""
+    """The short last tile row two ways on the GPU, bit-identical: zero-filled full boxes and ``fit_rows`` (a box per
+    chunk of the row's height), for the stage-box rings of fused32 (4 chunks per stage, four consumers splitting K)
+    and fused128x2 (2 chunks, two consumer warpgroups), where ``fit_rows`` is off by default, one short row and a
+    short row after whole rows, on 2 persistent CTAs (each walks several tiles, whole rows before the short one). The
+    four kernels build in parallel worker processes."""
     from mmaemit.kernels.dequant_dispatch import DequantGemm, prebuild
 
     N, K = 512, 2048
@@ -707,10 +698,9 @@ def test_short_row_boxes_on_gpu(monkeypatch):
     base = DequantGemm(N, K, arch="sm_90a", **kw).configs
     cases = (("fused32", (20, 75)), ("fused128x2", (300,)))
     plans = {path: [DequantGemm(N, K, arch="sm_90a", configs={path: dataclasses.replace(
-        base[path], num_sms=2, fit_rows=fit, fit_stage_box=box)}, **kw)
-        for fit, box in ((False, False), (True, False), (True, True))] for path, _ in cases}
+        base[path], num_sms=2, fit_rows=fit)}, **kw) for fit in (False, True)] for path, _ in cases}
     monkeypatch.setenv("MMAEMIT_CUBIN_CACHE", "1")        # prebuild sets it; restored after the test
-    prebuild([dict(p.spec(), paths=[path]) for path, ps in plans.items() for p in ps], workers=6)
+    prebuild([dict(p.spec(), paths=[path]) for path, ps in plans.items() for p in ps], workers=4)
     for path, ms in cases:
         for M in ms:
             A = torch.randn(M, K, generator=g).half().cuda()

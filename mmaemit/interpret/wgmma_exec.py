@@ -206,8 +206,7 @@ def _uniform(st, site, vals, t, what):
 def _check_tma_layout(st, site, d, addr, rows, t, what, operand, mn_major=False):
     """When TMA loads (one tensor map) wrote every chunk the descriptor reads, the chunks must hold consecutive K
     bytes of consecutive rows of the tensor: global offset = origin + row * pitch + 16 * chunk. A swizzle or box the
-    descriptor does not assume breaks that (``tma_layout_mismatch``); K-major rows past the tensor's last row are
-    not checked (their products only reach output rows the kernel clips). MN-major (``mn_major``): ``rows`` are the K
+    descriptor does not assume breaks that (``tma_layout_mismatch``). MN-major (``mn_major``): ``rows`` are the K
     rows of a [K, M / N] tensor and the chunks run along M / N (over every 64-column box, which lie side by side in
     the tensor), so the same rule holds."""
     smem = st.smem
@@ -222,15 +221,10 @@ def _check_tma_layout(st, site, d, addr, rows, t, what, operand, mn_major=False)
     pitch = int(o[1, 0] - o[0, 0]) if rows > 1 else 0
     want = o[0, 0] + pitch * np.arange(rows)[:, None] + 16 * np.arange(o.shape[1])[None, :]
     bad = o != want
-    tm = st.units["tma_maps"][int(maps[0])]
-    if bad.any() and not mn_major and pitch > 0 and pitch == max(tm.global_strides, default=0):
-        # K-major rows past the tensor's last row (a full box zero-fills them) may hold other data, e.g. the next
-        # chunk of a short box (fit_stage_box): their products reach only output rows past M, which the kernel clips
-        ext = tm.global_dims[1 + list(tm.global_strides).index(pitch)]
-        bad &= (want[:, :1] // pitch < ext)
     if not bad.any():
         return
     r, j = (int(x) for x in np.argwhere(bad)[0])
+    tm = st.units["tma_maps"][int(maps[0])]
     row, along = ("K row", "M/N bytes") if mn_major else ("row", "K bytes")
     at = int(addr[r * o.shape[1] + j])
     st.rec.fault(st, "tma_layout_mismatch", site,

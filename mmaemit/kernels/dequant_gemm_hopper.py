@@ -151,14 +151,6 @@ class HopperDequantConfig:
     (``docs/perf-notes.md``, fifteenth session); H200 4096 x 14336, the short last row of two: fused64 M=65 37.2
     against 61.4, fused128 M=129 52.7 against 96.0; slower where the short row's stage box becomes a box per chunk
     and the row is not nearly empty (fused32, 1024 x 4096 M=200: 11.3 against 9.5; eighteenth session).
-    ``fit_stage_box`` (with ``fit_rows`` and stage boxes, ``chunks_per_stage`` >= 2): the short row's activations
-    travel as one stage box of its height instead of a box per chunk; its chunks land one after another at that
-    height, and the consumers' wgmma descriptors step by it on that row (each chunk's wgmmas read ``block_m`` rows
-    from there: the rows past its own are the next chunk's or zeroed ones, which only feed output rows the store
-    clips). Same bits on the interpreter and on an H200 (fused32 / fused128x2, memcheck and racecheck clean); off
-    by default because it did not beat the zero fill where the defaults use that (H200, one run: fused32 8192^2
-    M=20 18.4 us against 17.9 and 19.4 with a box per chunk; 1024 x 4096 M=129 10.3 against 9.5; fused128x2 4096^2
-    M=300 27.5 against 26.3; fused64 / fused48 within 2 % of ``fit_rows`` alone; nineteenth session).
     ``stream_k``: where the last wave of whole tiles would leave a tenth or more of the SMs idle and spreading it
     saves the busiest SM at least ``stream_k_min_chunks`` 64-deep chunks of K (decided at run time from M:
     :func:`stream_k_scheduler`), that wave's K work is spread evenly over every SM instead: each CTA first takes
@@ -203,7 +195,6 @@ class HopperDequantConfig:
     chunks_per_group: int = 1
     decode_variant: str = "auto"
     fit_rows: bool = False
-    fit_stage_box: bool = False
     stream_k: bool = False
     stream_k_min_chunks: int = 48
     stream_k_waves: int | None = 0
@@ -552,13 +543,6 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     FIT = cfg.fit_rows
     if not isinstance(FIT, bool):
         raise UnsupportedConfigError(f"fit_rows={FIT!r}; valid: True, False")
-    SSB = cfg.fit_stage_box
-    if not isinstance(SSB, bool):
-        raise UnsupportedConfigError(f"fit_stage_box={SSB!r}; valid: True, False")
-    if SSB and not (FIT and XST):
-        raise UnsupportedConfigError(f"fit_stage_box=True shortens the short row's stage box: it needs fit_rows=True "
-                                     f"and activation_boxes='stage' with chunks_per_stage >= 2 (fit_rows={FIT}, "
-                                     f"activation_boxes={cfg.activation_boxes!r}, chunks_per_stage={CPS})")
     if XST:
         # A [M, K] viewed as [K / 64, M, 64]: the box's CPS chunk tiles of BT x 64 land one after another, Xs[s]
         x_map_t = TmaTile.for_layout((KT, M, CHUNK), em.shared_layout("B"), box_outer=(CPS,), strides=(CHUNK, K, 1))
@@ -566,8 +550,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         x_map_t = TmaTile.for_layout((M, K), em.shared_layout("B"))             # activations: the wgmma B tile
     # fit_rows: the last tile row's activations travel in boxes of its rows rounded up to 8, one box per chunk (a
     # stage box lands its chunks at box height), through a second map of A
-    # (fit_stage_box: one stage box of that height through the stage map, its chunks landing at that height)
-    xt_map_t = TmaTile.for_layout((M, K), em.shared_layout("B")) if XST and FIT and not SSB else x_map_t
+    xt_map_t = TmaTile.for_layout((M, K), em.shared_layout("B")) if XST and FIT else x_map_t
     # packed words, plain order: a tile's n16 block and chunk is 32 x WPC contiguous words, one box row of 128 x bits
     # bytes (measured at 4 bits: 3 % faster than the same box with 16-byte rows, [.., 32, WPC])
     w_map_t = TmaTile((N // 16, KT, 32 * WPC), "int32", (NB, CPS, 32 * WPC))
@@ -753,14 +736,13 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             else:
                 program.emit(word, regs, scale_pair=word_pairs(sp, w), zero_pair=word_pairs(zp, w) if HAS_Z else None)
 
-    def issue(acc, af, afo, desc, s, u, j, first, rs):
-        # one wgmma commit group: chunk j's 4 k16 steps, after chunk j - 1's (registers afo) with chunks_per_group=2;
-        # rs: with fit_stage_box, the rows between the stage's chunks (block_m, or the short row's box height)
+    def issue(acc, af, afo, desc, s, u, j, first):
+        # one wgmma commit group: chunk j's 4 k16 steps, after chunk j - 1's (registers afo) with chunks_per_group=2
         em.fence()
         for jj, a_regs in ([(j - 1, afo)] if CPG == 2 else []) + [(j, af)]:
             for ks in range(KSTEPS):
                 em.mma([acc[i] for i in range(NACC)], [a_regs[4 * ks + i] for i in range(4)], desc, ks,
-                       stage=(s, 0) if SSB else (s, jj), n0=jj * rs if SSB and jj else 0,
+                       stage=(s, jj),
                        scale_d=(u > first if jj == 0 else True) if ks == 0 else True)
         em.commit_group()
 
@@ -789,7 +771,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     @T.inline
     def sub(Ss, Zs, Ws, acc, af, afo, wb, wpre, y, ynext, rr, sv, sp, zp, opr, desc, s, it, u, j, first, blk, lane, g,
-            q, final, c, rs):
+            q, final, c):
         # chunk j (a Python int) of the unit in stage s: words, scales (and zeros) -> A registers af -> 4 wgmmas;
         # hoisted operands are rebuilt where a scale group may start: the unit's first chunk, chunks at a group
         # boundary of the stage, every chunk when a group straddles stages (one scale box per chunk). With
@@ -823,12 +805,12 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 build_operands(sp, zp, opr)
         decode_steps(wb, y, af, sp, zp, opr)
         if CPG == 1 or j % 2 == 1:
-            issue(acc, af, afo, desc, s, u, j, first, rs)
+            issue(acc, af, afo, desc, s, u, j, first)
             retire(it, u, j, first, final, c)
 
     @T.inline
     def unit(Ss, Zs, Ws, acc, afa, afb, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib, u, first, c, warp,
-             lane, g, q, final=False, rs=None):
+             lane, g, q, final=False):
         # ring stage u of the item (chunks kt = CPS u .. CPS u + CPS - 1; ring iteration ib + u); first: this
         # consumer's first unit of the item (u0, or u0 + c with k_split); its previous one is u - STEP. CPS = 1: chunk
         # on afa (the caller alternates the buffers);
@@ -844,15 +826,15 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 wpre[w] = T.reinterpret("uint32", Ws[s, blk, w // WPC, lane, w % WPC])
             repair(wpre, 0, y, rr, q)
         sub(Ss, Zs, Ws, acc, afa, afb, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 0, first, blk, lane, g, q,
-            final, c, rs)
+            final, c)
         if CPS >= 2:
             sub(Ss, Zs, Ws, acc, afb, afa, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 1, first, blk, lane, g,
-                q, final, c, rs)
+                q, final, c)
         if CPS == 4:
             sub(Ss, Zs, Ws, acc, afc, afd, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, s, it, u, 2, first, blk, lane, g,
-                q, final, c, rs)
+                q, final, c)
             sub(Ss, Zs, Ws, acc, afd, afc, wb, wpre, y2, y, rr, sv, sp, zp, opr, desc, s, it, u, 3, first, blk, lane, g,
-                q, final, c, rs)
+                q, final, c)
 
     @T.inline
     def epilogue(Cs, slot, c_map, acc, tm, tn, r, tid):
@@ -973,17 +955,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 for i in T.serial((ST * CPS * pieces + roles.threads - 1) // roles.threads):
                     idx = T.meta_var(i * roles.threads + wg * 128 + tid)
                     if idx < ST * CPS * pieces:
-                        if SSB:
-                            # the stage's rows past its CPS short chunks (chunk j's wgmmas read block_m rows from
-                            # row j x the box height: the last ones reach into these)
-                            flat = T.meta_var(CPS * x_rows() * 8 + idx % (CPS * pieces))    # 16-byte piece
-                            for e in T.unroll(8):
-                                Xs[idx // (CPS * pieces), flat // (BT * 8), flat // 8 % BT, flat % 8 * 8 + e] = \
-                                    T.Cast(dtype, 0)
-                        else:
-                            for e in T.unroll(8):
-                                Xs[idx // pieces // CPS, idx // pieces % CPS, x_rows() + idx % pieces // 8,
-                                   idx % 8 * 8 + e] = T.Cast(dtype, 0)
+                        for e in T.unroll(8):
+                            Xs[idx // pieces // CPS, idx // pieces % CPS, x_rows() + idx % pieces // 8,
+                               idx % 8 * 8 + e] = T.Cast(dtype, 0)
                 T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
         if wg == 0:
@@ -1017,16 +991,11 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                             ring.producer_acquire(it)
                             if FIT:
                                 if short_row(tm):
-                                    # the last tile row, short: its rows rounded up to 8, one box per chunk (or
-                                    # with fit_stage_box one stage box of that height)
+                                    # the last tile row, short: its rows rounded up to 8, one box per chunk
                                     ring.producer_expect(it, STAGE_BYTES - CPS * (BT - x_rows()) * CHUNK * 2)
-                                    if SSB:
-                                        x_map_t.load(Xs.ptr_to([s, 0, 0, 0]), xt_map, (uu * CPS, tm * BT, 0),
-                                                     ring.full_ptr(it))
-                                    else:
-                                        for j in range(CPS):
-                                            xt_map_t.load(Xs.ptr_to([s, j, 0, 0]), xt_map,
-                                                          (tm * BT, (uu * CPS + j) * CHUNK), ring.full_ptr(it))
+                                    for j in range(CPS):
+                                        xt_map_t.load(Xs.ptr_to([s, j, 0, 0]), xt_map,
+                                                      (tm * BT, (uu * CPS + j) * CHUNK), ring.full_ptr(it))
                                 else:
                                     x_loads(Xs, x_map, s, uu, tm, it)
                             else:
@@ -1066,7 +1035,6 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
             opr = T.meta_var(program.alloc_operands() if HOIST else None)
             desc = em.alloc_descriptor()
             em.init_descriptor(desc, Xs, "B")
-            rsv = T.meta_var(T.alloc_local((1,), "int32") if SSB else None)
             tile = T.alloc_local((7 if SKA else 2,), "int32")
             pre_r = T.meta_var(T.alloc_local((8,), "int32") if SKA else None)
             pre = T.meta_var(prologue_into(pre_r, worker))
@@ -1076,40 +1044,34 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                 tn = T.meta_var(tmn[1])
                 ib = T.meta_var(tmn[4])                     # unit u of this item is ring iteration ib + u
                 first = T.meta_var(plus(tmn[2], c if KS else 0))
-                if SSB:
-                    # the rows between a stage's chunks: the short last row's box height there, else block_m
-                    rsv[0] = BT
-                    if short_row(tm):
-                        rsv[0] = x_rows()
-                RS = T.meta_var(rsv[0] if SSB else BT)
                 KC = T.meta_var(KU // STEP if not SKA else tmn[3] // STEP)     # this consumer's units of the item
                 PAIRS = T.meta_var((KC - 1) // 2 if not SKA else (tmn[3] - STEP) // (2 * STEP))
                 if INF == 0:
                     for j in T.serial(KC):
                         unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                             first + STEP * j, first, c, warp, lane, g, q, rs=RS)
+                             first + STEP * j, first, c, warp, lane, g, q)
                 elif CPS > 1:
                     # every unit alternates the A buffers itself; the last one retires all
                     for j in T.serial(KC - 1):
                         unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                             first + STEP * j, first, c, warp, lane, g, q, rs=RS)
+                             first + STEP * j, first, c, warp, lane, g, q)
                     unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                         first + STEP * (KC - 1), first, c, warp, lane, g, q, True, RS)
+                         first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 else:
                     # pairs of chunks (two A buffers), then the last one or two chunks peeled: the last retires all
                     for j2 in T.serial(PAIRS):
                         unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                             first + STEP * (2 * j2), first, c, warp, lane, g, q, rs=RS)
+                             first + STEP * (2 * j2), first, c, warp, lane, g, q)
                         unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                             first + STEP * (2 * j2 + 1), first, c, warp, lane, g, q, rs=RS)
+                             first + STEP * (2 * j2 + 1), first, c, warp, lane, g, q)
                     if KC - 2 * PAIRS == 2:
                         unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                             first + STEP * (KC - 2), first, c, warp, lane, g, q, rs=RS)
+                             first + STEP * (KC - 2), first, c, warp, lane, g, q)
                         unit(Ss, Zs, Ws, acc, af1, af0, af1, af0, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                             first + STEP * (KC - 1), first, c, warp, lane, g, q, True, RS)
+                             first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                     else:
                         unit(Ss, Zs, Ws, acc, af0, af1, af2, af3, wb, wpre, y, y2, rr, sv, sp, zp, opr, desc, ib,
-                             first + STEP * (KC - 1), first, c, warp, lane, g, q, True, RS)
+                             first + STEP * (KC - 1), first, c, warp, lane, g, q, True)
                 em.pin_accumulators(acc)
                 if STAGE_HO:
                     # consumer c > 0 writes its sums over its last unit's stage (kept, its wgmmas retired), consumer 0
@@ -1174,8 +1136,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
     @T.inline
     def entry(A, W, S, Z, C, WSP, LKC):
         x_map = x_map_t.encode(A)
-        xt_map = T.meta_var((xt_map_t.encode(A, box=(CPS, x_rows(), CHUNK)) if SSB else
-                             xt_map_t.encode(A, box=(x_rows(), CHUNK))) if FIT else x_map)
+        xt_map = T.meta_var(xt_map_t.encode(A, box=(x_rows(), CHUNK)) if FIT else x_map)
         w_map = w_map_t.encode(T.decl_buffer((N // 16, KT, 32 * WPC), "int32", data=W.data))
         S16 = T.decl_buffer((N // 16, K // G, 16), dtype, data=S.data)    # S's rows of 4 x 4 scales as one row
         s_map = s_map_t.encode(S16)
