@@ -167,6 +167,28 @@ def test_measure_plan_margin_drops_and_errors():
     assert stored_plan(g) is None                               # the interpreter: nothing stored
 
 
+def test_custom_op_adopts_a_stored_plan_or_warns(monkeypatch):
+    """``torch.ops.mmaemit.dequant_linear``'s shared DequantGemm takes the stored plan of its problem; one that no
+    longer fits (a path that does not run the problem) leaves the rules' plan with a warning, not an error."""
+    import mmaemit.kernels.dequant_plan as dp
+    import mmaemit.nn.ops as ops
+
+    g = _gemm(4096, 4096)
+    good = MeasuredPlan([("gemv8", 1, 8), ("gemv16", 9, 16), ("fused64", 17, 64)], 64, {}, {}, {})
+    monkeypatch.setattr(dp, "stored_plan", lambda gemm: good)
+    ops._adopt_stored_plan(g)
+    assert g.path_for(20) == "fused64" and g.ranges != g.rule_ranges
+    g.set_plan(None)
+    bad = MeasuredPlan([("gemv8", 1, 8), ("gemv16", 9, 16), ("tiled999", 17, 64)], 64, {}, {}, {})
+    monkeypatch.setattr(dp, "stored_plan", lambda gemm: bad)
+    with pytest.warns(RuntimeWarning, match="does not fit it"):
+        ops._adopt_stored_plan(g)
+    assert g.ranges == g.rule_ranges
+    monkeypatch.setattr(dp, "stored_plan", lambda gemm: None)
+    ops._adopt_stored_plan(g)
+    assert g.ranges == g.rule_ranges
+
+
 def test_set_plan_calls_on_the_interpreter():
     """A set plan's path serves its M, bit-identical to running that path by name (N=128: two 64-row tiles)."""
     n, k, m = 128, 1024, 40

@@ -59,12 +59,28 @@ def gemm_for(N, K, group_size, dtype, weight_format, zeros_mode, device=None, *,
             g = _GEMMS[key] = DequantGemm(N, K, group_size, dt, weight_format, zeros_mode or None, arch,
                                           interpret=interpret, gated=gated or None)
             if arch is not None and _plan_mode() == "stored":
-                from mmaemit.kernels.dequant_plan import stored_plan
-
-                plan = stored_plan(g)
-                if plan is not None:
-                    g.set_plan(plan)
+                _adopt_stored_plan(g)
         return g
+
+
+def _adopt_stored_plan(g) -> None:
+    """``g`` serves by the measured plan stored for its problem on this GPU, if any; a stored plan that does not fit
+    the problem any more (a path it names no longer runs here) is skipped with a warning, never an error in a
+    forward pass."""
+    import warnings
+
+    from mmaemit.errors import MmaemitError
+    from mmaemit.kernels.dequant_plan import stored_plan
+
+    plan = stored_plan(g)
+    if plan is None:
+        return
+    try:
+        g.set_plan(plan)
+    except MmaemitError as e:
+        warnings.warn(f"the measured plan stored for {g!r} does not fit it ({e}); using the rules' plan (measure it "
+                      f"again: mmaemit.kernels.dequant_plan.measure_plan(gemm, force=True))", RuntimeWarning,
+                      stacklevel=3)
 
 
 def _plan_mode() -> str:
