@@ -9,17 +9,13 @@ import torch
 from mmaemit import dequant as D
 from mmaemit.dequant.kernel_layout import kernel_arguments
 from mmaemit.errors import ArgumentError, UnsupportedConfigError
-from mmaemit.kernels.dequant_dispatch import DequantGemm
+from mmaemit.kernels.dequant_dispatch import DequantGemm, span_path
 from mmaemit.kernels.dequant_plan import (PLAN_STEP, MeasuredPlan, measure_plan, plan_buckets, plan_candidates,
                                           stored_plan)
 
 
 def _gemm(n=4096, k=14336, **kw):
     return DequantGemm(n, k, arch="sm_90a", interpret=True, **kw)
-
-
-def _rule_at(ranges, m):
-    return next(p for p, lo, hi in ranges if lo <= m and (hi is None or m <= hi))
 
 
 def _covers(ranges):
@@ -36,7 +32,7 @@ def test_set_plan_spans_and_errors():
     g.set_plan([("gemv8", 1, 8), ("gemv16", 9, 16), ("fused64", 17, 100)])
     _covers(g.ranges)
     assert g.path_for(17) == g.path_for(100) == "fused64"
-    assert all(g.path_for(m) == _rule_at(rules, m) for m in (101, 200, 600, 5000))
+    assert all(g.path_for(m) == span_path(rules, m) for m in (101, 200, 600, 5000))
     assert g.spec()["plan"] == [("gemv8", 1, 8), ("gemv16", 9, 16), ("fused64", 17, 100)]
     assert DequantGemm(**g.spec()).ranges == g.ranges          # a worker rebuilds the same plan
     # a span joined to the rules' span of the same path above it
@@ -94,7 +90,7 @@ def test_measure_plan_choice_from_a_cost_model():
                         progress=False, rounds=2)
     assert isinstance(plan, MeasuredPlan) and plan.max_m == 256 and g.ranges[-1] == rules[-1]
     _covers(g.ranges)
-    assert all(b == _rule_at(rules, m) for _, m, b in calls)
+    assert all(b == span_path(rules, m) for _, m, b in calls)
     his = {hi for _, hi in plan_buckets(256)}
     assert his <= {m for _, m, _ in calls} <= his | {lo for lo, _ in plan_buckets(256)}
     # the rules' path is timed first in each round
@@ -106,14 +102,14 @@ def test_measure_plan_choice_from_a_cost_model():
         assert set(t) == set(plan_candidates(g, m - PLAN_STEP + 1, m))
         if t[best] < t[r] * (1 - 0.03):
             lo = plan.low[m]
-            assert lo["rule"] == _rule_at(rules, m - PLAN_STEP + 1) and best in lo["times"]
+            assert lo["rule"] == span_path(rules, m - PLAN_STEP + 1) and best in lo["times"]
             assert plan.chosen[m] is not None and g.path_for(m) == g.path_for(m - PLAN_STEP + 1) == plan.chosen[m]
             c = plan.chosen[m]
             assert plan.gain(m) == pytest.approx(min(t[r] / t[c], lo["times"][lo["rule"]] / lo["times"][c]))
             assert plan.gain(m) > 1 / 0.97
         else:
             assert plan.chosen[m] is None and plan.gain(m) == 1.0 and m not in plan.low
-            assert all(g.path_for(x) == _rule_at(rules, x) for x in range(m - PLAN_STEP + 1, m + 1))
+            assert all(g.path_for(x) == span_path(rules, x) for x in range(m - PLAN_STEP + 1, m + 1))
     assert any(plan.chosen.values()) and not all(plan.chosen.values())
     assert all(g.path_for(m) == p for p, lo, hi in rules if hi is not None and hi <= 16 for m in range(lo, hi + 1))
     assert "rules" in plan.text() and "x)" in plan.text()

@@ -100,7 +100,8 @@ from .gemm_hopper import SMEM_LIMIT, HopperGemmConfig, make_gemm_hopper
 __all__ = ["DequantGemm", "LARGE_M", "WIDE_M", "FUSED_DENSE_M", "PATHS", "FUSED_PATHS", "FUSED_SMALL_M_BITS",
            "EXTRA_PATHS", "FUSED_EVERY_M_BITS", "fused_serves_every_m", "GEMV16_CONFIGS", "gemv16_config",
            "GEMV8_ONE_WAVE", "gemv8_config", "FUSED160_ONE_WAVE", "fused160_config", "ONE_WAVE_PATHS", "one_wave_fits",
-           "wide_tiles_fill", "STREAM_K_PATHS", "WAVE_FILL_PATHS", "WAVE_FILL_MAX_M", "TWO_ROW_PATHS", "wave_fill_pads", "prebuild", "warmup_all"]
+           "wide_tiles_fill", "STREAM_K_PATHS", "WAVE_FILL_PATHS", "WAVE_FILL_MAX_M", "TWO_ROW_PATHS", "wave_fill_pads",
+           "span_path", "clip_spans", "join_spans", "prebuild", "warmup_all"]
 
 #: first M of the two-kernel (dense scratch + Hopper GEMM) path on sm_90a: on the H100 at 8192 x 8192 it beat the
 #: symbolic-M tiled paths at every measured M >= 32 (docs/perf-notes.md, 2026-11-26), so the tiled paths serve only
@@ -161,6 +162,28 @@ def wave_fill_pads(M, block_m, plan_block_m) -> bool:
         return -(-M // b) * b
 
     return up(block_m) <= up(plan_block_m) + block_m // 4
+
+
+def span_path(spans, M):
+    """The path of the span [(path, first M, last M or None)] that holds ``M``, or None."""
+    return next((p for p, lo, hi in spans if lo <= M and (hi is None or M <= hi)), None)
+
+
+def clip_spans(spans, lo, hi) -> list:
+    """The parts of ``spans`` that lie in M = ``lo`` .. ``hi`` (None: no upper end), in order."""
+    return [(p, max(a, lo), b if hi is None else hi if b is None else min(b, hi)) for p, a, b in spans
+            if (hi is None or a <= hi) and (b is None or b >= lo)]
+
+
+def join_spans(spans) -> list:
+    """``spans`` (in M order, contiguous) with each span joined to the one before it where it continues its path."""
+    out = []
+    for p, lo, hi in spans:
+        if out and out[-1][0] == p and out[-1][2] == lo - 1:
+            out[-1] = (p, out[-1][1], hi)
+        else:
+            out.append((p, lo, hi))
+    return out
 #: weight widths whose fused paths also serve M <= 16 (``fused8``, ``fused16`` instead of the GEMVs): on the H100 at
 #: 8192 x 8192 g128 fp16 int8 took 28.5 us at M=1 with 8-row tiles against 45.0 for the GEMV; int4 17.3 vs 19.7 and
 #: int2 14.1 vs 19.1 keep the GEMV (docs/perf-notes.md, fifth session)
@@ -488,15 +511,7 @@ class DequantGemm:
             nxt = hi + 1
         if not spans:
             raise ArgumentError("plan: at least one span (path, 1, last M); None restores the rules' plan")
-        top = spans[-1][2]
-        rest = [(p, max(lo, top + 1), hi) for p, lo, hi in self.rule_ranges if hi is None or hi > top]
-        merged = []
-        for p, lo, hi in spans + rest:            # join a span to the previous one where it continues the same path
-            if merged and merged[-1][0] == p and merged[-1][2] == lo - 1:
-                merged[-1] = (p, merged[-1][1], hi)
-            else:
-                merged.append((p, lo, hi))
-        self.ranges = merged
+        self.ranges = join_spans(spans + clip_spans(self.rule_ranges, spans[-1][2] + 1, None))
         self._spec["plan"] = spans
         return self
 
@@ -592,19 +607,12 @@ class DequantGemm:
             return p0
 
         out = []
-
-        def put(p, lo, hi):              # append a span, joined to the last one where it continues the same path
-            if out and out[-1][0] == p and out[-1][2] == lo - 1:
-                out[-1] = (p, out[-1][1], hi)
-            else:
-                out.append((p, lo, hi))
-
         for p0, lo, hi in spans:
-            for M in range(lo, min(WAVE_FILL_MAX_M, hi or WAVE_FILL_MAX_M) + 1):
-                put(choose(M, p0), M, M)
+            last = min(WAVE_FILL_MAX_M, hi or WAVE_FILL_MAX_M)
+            out += [(choose(M, p0), M, M) for M in range(lo, last + 1)]
             if hi is None or hi > WAVE_FILL_MAX_M:
-                put(p0, max(lo, WAVE_FILL_MAX_M + 1), hi)
-        return out
+                out.append((p0, max(lo, WAVE_FILL_MAX_M + 1), hi))
+        return join_spans(out)
 
     def _plan(self):
         """[(path, first M, last M or None)] in M order: each path from its first M up to the next path's; a path
@@ -651,10 +659,10 @@ class DequantGemm:
         """The path that serves ``M`` rows."""
         if M < 1:
             raise ArgumentError(f"M must be >= 1, got {M}")
-        for path, lo, hi in self.ranges:
-            if lo <= M and (hi is None or M <= hi):
-                return path
-        raise AssertionError(f"no path for M={M}: {self.ranges}")
+        path = span_path(self.ranges, M)
+        if path is None:
+            raise AssertionError(f"no path for M={M}: {self.ranges}")
+        return path
 
     # ------------------------------------------------------------------------------------------------ building
     def _build(self, path):

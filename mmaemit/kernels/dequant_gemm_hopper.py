@@ -579,13 +579,14 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
 
     GM_EXPR = (M + (BT - 1)) // BT if DYN else -(-M // BT)        # tile rows
 
+    LAST_ROWS = ((M - 1) % BT + 8) // 8 * 8                         # the last tile row's rows, rounded up to 8
+
     def x_rows():
-        # rows of the last tile row's activation boxes: with fit_rows its rows up to M rounded up to 8, else the
-        # tile's
-        return T.min(T.int32(BT), ((M - 1) % BT + 8) // 8 * 8) if FIT else BT
+        # rows of the last tile row's activation boxes: with fit_rows LAST_ROWS, else the tile's
+        return T.min(T.int32(BT), LAST_ROWS) if FIT else BT
 
     # whether a launch can have a short last row (a static M whose last row is whole has none: nothing to zero)
-    SHORT = FIT and (DYN or ((M - 1) % BT + 8) // 8 * 8 < BT)
+    SHORT = FIT and (DYN or LAST_ROWS < BT)
 
     def short_row(tm):
         # tile row tm is the last one and short (its activation boxes carry x_rows() rows)
@@ -742,8 +743,7 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
         for jj, a_regs in ([(j - 1, afo)] if CPG == 2 else []) + [(j, af)]:
             for ks in range(KSTEPS):
                 em.mma([acc[i] for i in range(NACC)], [a_regs[4 * ks + i] for i in range(4)], desc, ks,
-                       stage=(s, jj),
-                       scale_d=(u > first if jj == 0 else True) if ks == 0 else True)
+                       stage=(s, jj), scale_d=(u > first if jj == 0 else True) if ks == 0 else True)
         em.commit_group()
 
     def retire(it, u, j, first, final, c):

@@ -36,7 +36,7 @@ import time
 
 from mmaemit.errors import ArgumentError
 
-from .dequant_dispatch import FUSED_PATHS, DequantGemm, prebuild
+from .dequant_dispatch import FUSED_PATHS, DequantGemm, clip_spans, join_spans, prebuild, span_path
 
 __all__ = ["MeasuredPlan", "measure_plan", "stored_plan", "plan_buckets", "plan_candidates", "PLAN_MAX_M",
            "PLAN_STEP", "PLAN_MARGIN", "PLAN_TABLE"]
@@ -127,7 +127,7 @@ def plan_candidates(gemm: DequantGemm, lo: int, hi: int, max_rows: int = 8) -> l
     hold ``hi`` rows in one row, and every fused path that fits, needs at most ``max_rows`` tile rows and whose
     tile height is a multiple of :data:`PLAN_STEP` (``fused8``'s 8-row tiles would give the bucket's M two row
     counts)."""
-    rule = _rule_paths(gemm, lo, hi)
+    rule = [p for p, _, _ in clip_spans(gemm.rule_ranges, lo, hi)]
     fused = [p for p in FUSED_PATHS if p in gemm.runnable_paths()]
     bm = {p: gemm.configs[p].block_m for p in fused}
     one_row = sorted((p for p in fused if bm[p] >= hi), key=lambda p: (bm[p], gemm.configs[p].weight_rows))[:2]
@@ -135,12 +135,8 @@ def plan_candidates(gemm: DequantGemm, lo: int, hi: int, max_rows: int = 8) -> l
     return list(dict.fromkeys(rule + one_row + rows))
 
 
-def _rule_paths(gemm, lo, hi) -> list:
-    return [p for p, a, b in gemm.rule_ranges if a <= hi and (b is None or b >= lo)]
-
-
 def _rule_path(gemm, m) -> str:
-    return _rule_paths(gemm, m, m)[0]
+    return span_path(gemm.rule_ranges, m)
 
 
 def _entry_key(gemm) -> str:
@@ -164,12 +160,6 @@ def stored_plan(gemm: DequantGemm):
     return None if entry is None else MeasuredPlan.from_json(entry["plan"])
 
 
-def _torch_dtype(name):
-    import torch
-
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
 def _gpu_timer(gemm, max_m, rtol, dropped):
     """The default timer: (path, M, rules' path) -> µs, or None for a candidate that fails its check (the reason goes
     to ``dropped[M][path]``). Weights: the format's quantizer on normal weights, in as many copies as make one round
@@ -178,9 +168,10 @@ def _gpu_timer(gemm, max_m, rtol, dropped):
 
     from mmaemit import dequant as D
     from mmaemit.dequant.kernel_layout import kernel_arguments
+    from mmaemit.dtypes import torch_dtype
     from mmaemit.runtime.timing import copies_needed, time_rotating
 
-    dt = _torch_dtype(gemm.dtype)
+    dt = torch_dtype(gemm.dtype)
     gen = torch.Generator(device="cuda").manual_seed(0)
     qw = D.quantize(torch.randn(gemm.N, gemm.K, device="cuda", generator=gen).to(dt),
                     D.QuantScheme(gemm.weight_format, gemm.group_size, gemm.zeros_mode))
@@ -237,6 +228,7 @@ def measure_plan(gemm: DequantGemm, *, max_m: int = PLAN_MAX_M, rounds: int = 2,
     Weights and activations are random (the format's quantizer on normal weights): the kernels' speed does not depend
     on the values."""
     import torch
+    from tqdm import tqdm
 
     from mmaemit.tuning import TuningTable
 
@@ -252,19 +244,15 @@ def measure_plan(gemm: DequantGemm, *, max_m: int = PLAN_MAX_M, rounds: int = 2,
         raise ArgumentError(f"{gemm!r}: measured plans choose among the fused Hopper paths, and this problem's "
                             f"plan has none (they need sm_90a and a fast fused decode of the format)")
     measuring = timer is None
-    table = key = None
     if measuring:
         if gemm.interpret or not torch.cuda.is_available():
             raise ArgumentError("measure_plan times kernels on a CUDA GPU; on the interpreter or without a GPU pass "
                                 "timer= (a cost model) instead")
-        table, key = TuningTable(PLAN_TABLE), _entry_key(gemm)
-        if store and not force:
-            entry = table.get(key)
-            if entry is not None:
-                plan = MeasuredPlan.from_json(entry["plan"])
-                if adopt:
-                    gemm.set_plan(plan)
-                return plan
+        plan = stored_plan(gemm) if store and not force else None
+        if plan is not None:
+            if adopt:
+                gemm.set_plan(plan)
+            return plan
     t0 = time.time()
     cands = {hi: plan_candidates(gemm, lo, hi, max_rows) for lo, hi in buckets}
     dropped: dict = {}
@@ -275,7 +263,8 @@ def measure_plan(gemm: DequantGemm, *, max_m: int = PLAN_MAX_M, rounds: int = 2,
     rule: dict = {}
     chosen: dict = {}
     low: dict = {}
-    bar = _bar(len(buckets), progress and measuring)
+    bar = tqdm(total=len(buckets), desc="measuring the dequant plan", unit="bucket",
+               disable=not (progress and measuring))
 
     def sample(paths, m, base):
         """{path: min µs over ``rounds``} at M=m, ``base`` first in each round; failing candidates dropped."""
@@ -315,7 +304,7 @@ def measure_plan(gemm: DequantGemm, *, max_m: int = PLAN_MAX_M, rounds: int = 2,
     if measuring and store:
         from datetime import datetime, timezone
 
-        table.put(key, {"plan": plan.to_json(), "problem": repr(gemm),
+        TuningTable(PLAN_TABLE).put(_entry_key(gemm), {"plan": plan.to_json(), "problem": repr(gemm),
                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     if adopt:
         gemm.set_plan(plan)
@@ -324,37 +313,7 @@ def measure_plan(gemm: DequantGemm, *, max_m: int = PLAN_MAX_M, rounds: int = 2,
 
 def _spans(gemm, buckets, chosen) -> list:
     """The plan's spans from M=1 to the last bucket: the rules' spans where a bucket kept them, else its choice."""
-    out = []
-
-    def put(p, lo, hi):
-        if out and out[-1][0] == p and out[-1][2] == lo - 1:
-            out[-1] = (p, out[-1][1], hi)
-        else:
-            out.append((p, lo, hi))
-
-    def rules(lo, hi):
-        for p, a, b in gemm.rule_ranges:
-            if a <= hi and (b is None or b >= lo):
-                put(p, max(a, lo), hi if b is None else min(b, hi))
-
-    rules(1, buckets[0][0] - 1)
+    out = clip_spans(gemm.rule_ranges, 1, buckets[0][0] - 1)
     for lo, hi in buckets:
-        if chosen[hi]:
-            put(chosen[hi], lo, hi)
-        else:
-            rules(lo, hi)
-    return out
-
-
-def _bar(total, show):
-    if not show:
-        class _Quiet:
-            def update(self, n):
-                pass
-
-            def close(self):
-                pass
-        return _Quiet()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="measuring the dequant plan", unit="bucket")
+        out += [(chosen[hi], lo, hi)] if chosen[hi] else clip_spans(gemm.rule_ranges, lo, hi)
+    return join_spans(out)
