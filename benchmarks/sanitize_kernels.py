@@ -256,6 +256,23 @@ def dequant_short_row_boxes():
     return bool(ok)
 
 
+@case
+def dequant_two_rows():
+    """TWO_ROW_PATHS through the plan at 4096 x 4096 (64 tiles of 64 columns per row, two rows in one wave): fused96 /
+    fused160 / fused192 / fused224 each at an M whose second tile row is short."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    tensors, kw, w = _int4_weights(4096, 4096)
+    dg = DequantGemm(4096, 4096, arch="sm_90a", **kw)
+    cases = (("fused96", 170), ("fused160", 300), ("fused192", 350), ("fused224", 420))
+    assert [dg.path_for(m) for _, m in cases] == [p for p, _ in cases], [dg.path_for(m) for _, m in cases]
+    ok = True
+    for _, M in cases:
+        x = torch.randn(M, 4096, device="cuda").half()
+        ok &= _rel(dg(x, *tensors), x.double() @ w.T) < 3e-3
+    return bool(ok)
+
+
 def _fused_plan(weights, ms):
     """Each (format, dtype, zeros mode) of ``weights`` through the DequantGemm plan at every M of ``ms`` (ragged M on
     each path of the plan), against the float64 product."""
