@@ -570,6 +570,19 @@ def test_fused_hopper_lookahead_sass():
     assert interleaved[True] >= 1 and interleaved[False] == 0, interleaved
 
 
+def test_fused_hopper_short_k_producer_loop_rolled():
+    """At K = 1024 nvcc fully unrolled the producer's 8-unit loop and its per-unit box coordinates outgrew the
+    producer's setmaxnreg budget: fused128x2 with fit_rows spilled 144 bytes. The loop is kept rolled
+    (``#pragma unroll 1``); the same build has no spills now."""
+    from mmaemit.kernels.dequant_dispatch import DequantGemm
+
+    cfg = dataclasses.replace(DequantGemm(512, 1024, arch="sm_90a").configs["fused128x2"], fit_rows=True)
+    k = mmaemit.compile(make_dequant_gemm_hopper(None, 512, 1024, 128, "float16", cfg, "sm_90a")[0],
+                        target="sm_90a", check_spills=False)
+    assert "#pragma unroll 1" in k.cuda_source
+    assert k.resource_usage("sm_90a").spill_bytes == 0
+
+
 def test_fused_hopper_shared_quad_repair_sass():
     """sm_90a SASS of fused64's shape, int4: with quad_repair="shared" the consumers issue no shuffles (the one left
     is the warp-index broadcast at entry) and fewer instructions per chunk than with the shuffle transpose."""

@@ -983,7 +983,9 @@ def make_dequant_gemm_hopper(M, N, K, group_size=128, dtype="float16",
                     tmn = T.meta_var(item_into(tile, worker, t, pre))
                     tm = T.meta_var(tmn[0])
                     tn = T.meta_var(tmn[1])
-                    for u in T.serial(tmn[3]):
+                    # rolled: unrolled at a short K (8 units at K = 1024), the producer's per-unit box coordinates
+                    # outgrow its setmaxnreg budget and spill (fused128x2 with fit_rows)
+                    for u in T.serial(tmn[3], annotations={"pragma_unroll": 1}):
                         uu = T.meta_var(plus(tmn[2], u))
                         it = T.meta_var(tmn[4] + uu)
                         s = T.meta_var(ring.stage(it))
