@@ -197,22 +197,29 @@ def dequant_hopper_fused():
     return bool(ok)
 
 
-@case
-def dequant_kept_stages():
-    """handover="stage" (fused128's default; fused32's ring with it) on 2 persistent CTAs that walk 4 tiles each: the
-    consumers' sums and the output tile in kept ring stages, the next tile's loads waiting for their release."""
+def _paths_with(k, overrides, cases, launches=1):
+    """Each (path, M) of ``cases`` by name on random 512 x ``k`` int4 weights, the paths' default configs with
+    ``overrides``, each launched ``launches`` times, against the float64 product."""
     import dataclasses
 
     from mmaemit.kernels.dequant_dispatch import _DEFAULTS, DequantGemm
 
-    tensors, kw, w = _int4_weights(512, 1024)
-    cfgs = {p: dataclasses.replace(_DEFAULTS[p], num_sms=2, handover="stage") for p in ("fused32", "fused128")}
-    dg = DequantGemm(512, 1024, arch="sm_90a", configs=cfgs, **kw)
+    tensors, kw, w = _int4_weights(512, k)
+    cfgs = {p: dataclasses.replace(_DEFAULTS[p], **overrides) for p, _ in cases}
+    dg = DequantGemm(512, k, arch="sm_90a", configs=cfgs, **kw)
     ok = True
-    for path, M in (("fused32", 30), ("fused128", 100), ("fused128", 250)):
-        x = torch.randn(M, 1024, device="cuda").half()
-        ok &= _rel(dg.run_path(path, x, *tensors), x.double() @ w.T) < 3e-3
+    for path, M in cases:
+        x = torch.randn(M, k, device="cuda").half()
+        for _ in range(launches):
+            ok &= _rel(dg.run_path(path, x, *tensors), x.double() @ w.T) < 3e-3
     return bool(ok)
+
+
+@case
+def dequant_kept_stages():
+    """handover="stage" (fused128's default; fused32's ring with it) on 2 persistent CTAs that walk 4 tiles each: the
+    consumers' sums and the output tile in kept ring stages, the next tile's loads waiting for their release."""
+    return _paths_with(1024, dict(num_sms=2, handover="stage"), (("fused32", 30), ("fused128", 100), ("fused128", 250)))
 
 
 @case
@@ -221,39 +228,15 @@ def dequant_stream_k():
     consumer groups), so the last wave's stages go out in pieces (fp32 partial sums in the global workspace, the
     tile's counter, the last piece summing them): fused64 (parallel hand-over), fused128 (kept stages, fit_rows),
     fused128x2 (no k_split), each launched twice (the counters return to zero)."""
-    import dataclasses
-
-    from mmaemit.kernels.dequant_dispatch import _DEFAULTS, DequantGemm
-
-    tensors, kw, w = _int4_weights(512, 1024)
-    cfgs = {p: dataclasses.replace(_DEFAULTS[p], num_sms=5, stream_k=True, stream_k_min_chunks=0,
-                                   stream_k_waves=None)
-            for p in ("fused64", "fused128", "fused128x2")}
-    dg = DequantGemm(512, 1024, arch="sm_90a", configs=cfgs, **kw)
-    ok = True
-    for path, M in (("fused64", 50), ("fused128", 100), ("fused128x2", 300)):
-        x = torch.randn(M, 1024, device="cuda").half()
-        for _ in range(2):
-            ok &= _rel(dg.run_path(path, x, *tensors), x.double() @ w.T) < 3e-3
-    return bool(ok)
+    return _paths_with(1024, dict(num_sms=5, stream_k=True, stream_k_min_chunks=0, stream_k_waves=None),
+                       (("fused64", 50), ("fused128", 100), ("fused128x2", 300)), launches=2)
 
 
 @case
 def dequant_short_row_boxes():
     """The short last tile row of the stage-box rings (fused32, fused64, fused128x2) with ``fit_rows`` (a box per
     chunk of its height), on 2 persistent CTAs that walk whole rows before the short one."""
-    import dataclasses
-
-    from mmaemit.kernels.dequant_dispatch import _DEFAULTS, DequantGemm
-
-    tensors, kw, w = _int4_weights(512, 2048)
-    ok = True
-    cfgs = {p: dataclasses.replace(_DEFAULTS[p], num_sms=2, fit_rows=True) for p in ("fused32", "fused64", "fused128x2")}
-    dg = DequantGemm(512, 2048, arch="sm_90a", configs=cfgs, **kw)
-    for path, M in (("fused32", 75), ("fused64", 100), ("fused128x2", 300)):
-        x = torch.randn(M, 2048, device="cuda").half()
-        ok &= _rel(dg.run_path(path, x, *tensors), x.double() @ w.T) < 3e-3
-    return bool(ok)
+    return _paths_with(2048, dict(num_sms=2, fit_rows=True), (("fused32", 75), ("fused64", 100), ("fused128x2", 300)))
 
 
 @case
